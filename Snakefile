@@ -1,0 +1,14 @@
+# ict-rlvr: token-selective RLVR, from data to tables.
+#   snakemake --cores 2                                    the embedded default (CPU, minutes)
+#   snakemake --profile slurm --configfile config/paper.yaml   the paper reproduction
+# The rules live in workflow/rules/, one file per stage; the science lives in stages/.
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare_data.smk"
+include: "workflow/rules/base_model.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        final_targets(),

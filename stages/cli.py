@@ -1,0 +1,49 @@
+"""What every stage's command line shares: the arguments, logging and clean error exits."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from .config import Config, ConfigError, load_config
+from .core.io import ArtifactError
+
+log = logging.getLogger("stages")
+
+# Errors a user can act on: printed as one clear line naming the file and key, exit code 2.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ArtifactError, FileNotFoundError)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", required=True, help="workflow config YAML (validated)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
+    return p
+
+
+def run(main: Callable[[argparse.Namespace, Config], None], p: argparse.ArgumentParser) -> None:
+    """Parse arguments, load the config, run `main`, and turn user errors into one-line exits."""
+    args = p.parse_args()
+    logging.basicConfig(
+        level=os.environ.get("ICT_RLVR_LOGLEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        cfg = load_config(args.config)
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        main(args, cfg)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as err:
+        # adapter and validation errors subclass ValueError and carry file and key
+        if type(err).__module__.startswith("stages"):
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        raise

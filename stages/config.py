@@ -1,0 +1,406 @@
+"""One typed, validated model of the whole workflow configuration.
+
+The Snakefile and every stage load the config through :func:`load_config`, so a bad key is
+reported the same way everywhere: the file, the dotted key and what is wrong with it.
+Every field has its default and its one-line documentation here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+"""Names of sizes, methods and datasets become path segments: no '/', '=' or spaces."""
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and the key."""
+
+
+class Strict(BaseModel):
+    """Base of every config section: unknown keys are errors, values are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+class GeneratedSource(Strict):
+    """Arithmetic problems with worked solutions from our deterministic generator."""
+
+    kind: Literal["generated"] = "generated"
+    n: int = Field(gt=0, description="number of problems")
+    min_terms: int = Field(2, ge=2, description="fewest operands in an expression")
+    max_terms: int = Field(4, ge=2, description="most operands in an expression")
+    max_add: int = Field(19, ge=1, description="largest operand of + and -")
+    max_mul: int = Field(9, ge=1, description="largest operand of *")
+    split: Literal["train", "test"] = Field(
+        "train", description="hash bucket of the question: train and test never share a question"
+    )
+    seed: int = Field(0, description="generator seed (added to the run seed)")
+
+    @model_validator(mode="after")
+    def _terms_ordered(self) -> GeneratedSource:
+        if self.max_terms < self.min_terms:
+            raise ValueError("max_terms must be >= min_terms")
+        return self
+
+
+class HubSource(Strict):
+    """A Hugging Face dataset, read with datasets.load_dataset and normalised by an adapter."""
+
+    kind: Literal["hub"] = "hub"
+    dataset: str = Field(description="dataset id on the hub (or a local dataset folder)")
+    config: str | None = Field(None, description="dataset configuration name")
+    split: str = Field("test", description="split to read")
+    revision: str | None = Field(None, description="git revision of the dataset repository")
+    adapter: str = Field(description="record adapter (stages.core.adapters.ADAPTERS)")
+    fields: dict[str, str] = Field(
+        default_factory=dict, description="adapter field -> record field, where names differ"
+    )
+    levels: list[int] | None = Field(None, description="keep only these difficulty levels")
+    limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
+
+
+class LocalSource(Strict):
+    """A JSONL or Parquet file, normalised by an adapter."""
+
+    kind: Literal["local"] = "local"
+    path: str = Field(description="path of a .jsonl or .parquet file")
+    adapter: str = Field(description="record adapter (stages.core.adapters.ADAPTERS)")
+    fields: dict[str, str] = Field(
+        default_factory=dict, description="adapter field -> record field, where names differ"
+    )
+    levels: list[int] | None = Field(None, description="keep only these difficulty levels")
+    limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
+
+
+Source = Annotated[GeneratedSource | HubSource | LocalSource, Field(discriminator="kind")]
+
+
+class Dataset(Strict):
+    """One dataset of the run: SFT data, RL training prompts or a benchmark."""
+
+    role: Literal["sft", "train", "benchmark"] = Field(description="what the dataset is used for")
+    template: Name = Field(description="prompt template (a key of `templates`)")
+    source: Source
+    label: str | None = Field(None, description="name printed in tables (default: the key)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+class ScratchArch(Strict):
+    """A tiny Qwen2ForCausalLM built from scratch (the embedded default)."""
+
+    hidden_size: int = Field(128, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(512, gt=0)
+    max_position_embeddings: int = Field(256, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ScratchArch:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return self
+
+
+class Sft(Strict):
+    """Supervised training of a scratch model on worked solutions (loss on response tokens)."""
+
+    steps: int = Field(600, gt=0, description="optimizer steps")
+    batch_size: int = Field(64, gt=0, description="sequences per step")
+    lr: float = Field(3e-3, gt=0, description="AdamW peak learning rate")
+    warmup_steps: int = Field(20, ge=0, description="linear warm-up steps, then cosine to 10%")
+    weight_decay: float = Field(0.0, ge=0)
+    eval_problems: int = Field(256, gt=0, description="training-distribution problems scored")
+    eval_samples: int = Field(1, gt=0, description="samples per problem at eval_temperature")
+    eval_temperature: float = Field(1.0, gt=0, description="sampling temperature of the check")
+    max_new_tokens: int = Field(64, gt=0, description="generation limit of the check")
+
+
+class HubModel(Strict):
+    """A pretrained model on the Hugging Face hub; downloaded on the cluster, not here."""
+
+    model_id: str
+    revision: str = Field("main", description="branch, tag or commit to pin")
+
+
+class Gpus(Strict):
+    """GPUs per rule for one model size (0 = CPU)."""
+
+    rollout: int = Field(0, ge=0)
+    token_stats: int = Field(0, ge=0)
+    train: int = Field(0, ge=0)
+    evaluate: int = Field(0, ge=0)
+
+
+class ModelSize(Strict):
+    """One model size of the grid."""
+
+    source: Literal["scratch", "hub"]
+    scratch: ScratchArch | None = None
+    sft: Sft | None = None
+    hub: HubModel | None = None
+    gpus: Gpus = Field(default_factory=Gpus, description="GPUs per rule for this size")
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism")
+    label: str | None = Field(None, description="name printed in tables (default: the key)")
+
+    @model_validator(mode="after")
+    def _source_block(self) -> ModelSize:
+        if self.source == "scratch" and (self.scratch is None or self.sft is None):
+            raise ValueError("source 'scratch' needs the blocks 'scratch' and 'sft'")
+        if self.source == "hub" and self.hub is None:
+            raise ValueError("source 'hub' needs the block 'hub'")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages after the base model
+# ---------------------------------------------------------------------------------------------
+
+
+class Rollout(Strict):
+    """Base-model rollouts on training prompts (input of the token-statistics stage)."""
+
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers; vllm: GPU")
+    prompts: int = Field(64, gt=0, description="training prompts sampled")
+    n: int = Field(8, gt=0, description="responses per prompt")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0, description="sequences per generation batch (hf)")
+
+
+class TokenStats(Strict):
+    """Chunking of the exact per-token statistics (METHODS §2)."""
+
+    chunk_positions: int = Field(1024, gt=0, description="positions per chunk")
+    chunk_vocab: int = Field(32768, gt=0, description="vocabulary entries per chunk")
+
+
+class Method(Strict):
+    """A training method: the token selector and its parameters (METHODS §3)."""
+
+    selector: Literal["all", "entropy_top", "entropy_bottom", "random", "stapo", "ict"]
+    rho: float | None = Field(None, gt=0, le=1, description="selected fraction")
+    variant: Literal["token_id", "position", "pooled"] | None = Field(
+        None, description="ICT reading (ours, not the paper's): token_id, position or pooled"
+    )
+    tau_p: float | None = Field(None, gt=0, lt=1, description="STAPO probability threshold")
+    q: float | None = Field(None, gt=0, lt=1, description="STAPO entropy quantile")
+    label: str | None = Field(None, description="name printed in tables (default: the key)")
+
+    @model_validator(mode="after")
+    def _params_fit_selector(self) -> Method:
+        needs = {
+            "all": set(),
+            "entropy_top": {"rho"},
+            "entropy_bottom": {"rho"},
+            "random": {"rho"},
+            "stapo": {"tau_p", "q"},
+            "ict": {"rho", "variant"},
+        }[self.selector]
+        given = {k for k in ("rho", "variant", "tau_p", "q") if getattr(self, k) is not None}
+        if missing := needs - given:
+            raise ValueError(f"selector {self.selector!r} needs {sorted(missing)}")
+        if extra := given - needs:
+            raise ValueError(f"selector {self.selector!r} takes no {sorted(extra)}")
+        return self
+
+
+class Loss(Strict):
+    """Clipped surrogate and its aggregation (METHODS §4)."""
+
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    denominator: Literal["selected", "all", "sequence"] = "selected"
+    kl_beta: float = Field(0.0, ge=0, description="k3 KL to the base model (0 = off)")
+    dual_clip: float | None = Field(None, gt=1, description="verl dual-clip c (None = off)")
+
+
+class Train(Strict):
+    """Masked RLVR training (METHODS §4, §8)."""
+
+    steps: int = Field(20, gt=0, description="rollout steps")
+    prompts_per_step: int = Field(128, gt=0, description="prompts sampled per rollout step")
+    group_size: int = Field(8, gt=1, description="responses per prompt (G)")
+    mini_batch_prompts: int = Field(32, gt=0, description="prompts per optimizer mini-batch")
+    micro_batch_size: int = Field(8, gt=0, description="sequences per forward/backward")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warm-up)")
+    warmup_steps: int = Field(10, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, description="rollout temperature")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_response_tokens: int = Field(4096, gt=0)
+    loss: Loss = Field(default_factory=Loss)
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups with equal rewards")
+    overlong_buffer: int | None = Field(None, gt=0, description="DAPO overlong penalty length")
+    reward_correct: float = 1.0
+    reward_incorrect: float = 0.0
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
+    checkpoint_every: int = Field(10, gt=0, description="resume checkpoint every N steps")
+
+
+class Evaluate(Strict):
+    """Benchmark evaluation (METHODS §6, §8)."""
+
+    n: int = Field(8, gt=0, description="samples per problem")
+    temperature: float = Field(0.6, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_new_tokens: int = Field(4096, gt=0)
+    k: list[int] = Field(default_factory=lambda: [1, 4], description="pass@k reported")
+    bootstrap: int = Field(1000, gt=0, description="bootstrap resamples for the 95% interval")
+    grade_timeout_s: float = Field(5.0, gt=0, description="hard limit of one grading call")
+    batch_size: int = Field(64, gt=0, description="sequences per generation batch (hf)")
+
+    @model_validator(mode="after")
+    def _k_fits_n(self) -> Evaluate:
+        if not self.k or min(self.k) < 1 or max(self.k) > self.n:
+            raise ValueError(f"every k must be in [1, n={self.n}]")
+        return self
+
+
+class Experiment(Strict):
+    """The grid: sizes x methods x benchmarks x seeds; everything else follows from it."""
+
+    sizes: list[Name] = Field(min_length=1)
+    methods: list[Name] = Field(min_length=1)
+    benchmarks: list[Name] = Field(min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    sft_dataset: Name | None = Field(None, description="SFT data of scratch models")
+    train_dataset: Name = Field(description="RL training prompts")
+
+
+class Config(Strict):
+    """The whole workflow configuration."""
+
+    run: Name = Field(description="results go under results/<run>/")
+    seed: int = Field(0, description="base seed of every random choice")
+    experiment: Experiment
+    templates: dict[Name, str]
+    datasets: dict[Name, Dataset]
+    models: dict[Name, ModelSize]
+    methods: dict[Name, Method]
+    rollout: Rollout = Field(default_factory=Rollout)
+    token_stats: TokenStats = Field(default_factory=TokenStats)
+    train: Train = Field(default_factory=Train)
+    evaluate: Evaluate = Field(default_factory=Evaluate)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Config:
+        exp = self.experiment
+
+        def check(key: str, names: list[str], pool: dict, role: str | None = None) -> None:
+            for i, name in enumerate(names):
+                if name not in pool:
+                    raise _RefError(f"{key}.{i}", f"unknown name {name!r}; defined: {sorted(pool)}")
+                if role and pool[name].role != role:
+                    raise _RefError(f"{key}.{i}", f"dataset {name!r} has role {pool[name].role!r}, not {role!r}")
+
+        check("experiment.sizes", exp.sizes, self.models)
+        check("experiment.methods", exp.methods, self.methods)
+        check("experiment.benchmarks", exp.benchmarks, self.datasets, "benchmark")
+        check("experiment.train_dataset", [exp.train_dataset], self.datasets, "train")
+        if any(self.models[s].source == "scratch" for s in exp.sizes):
+            if exp.sft_dataset is None:
+                raise _RefError("experiment.sft_dataset", "scratch models need an SFT dataset")
+            check("experiment.sft_dataset", [exp.sft_dataset], self.datasets, "sft")
+        for name, ds in self.datasets.items():
+            if ds.template not in self.templates:
+                raise _RefError(f"datasets.{name}.template", f"unknown template {ds.template!r}")
+        for name, template in self.templates.items():
+            if "{question}" not in template:
+                raise _RefError(f"templates.{name}", "a template must contain '{question}'")
+        return self
+
+    # -- helpers shared by the Snakefile and the stages --------------------------------------
+
+    def used_datasets(self) -> list[str]:
+        """Datasets the grid needs, in a stable order."""
+        names = [self.experiment.train_dataset, *self.experiment.benchmarks]
+        if self.experiment.sft_dataset and any(
+            self.models[s].source == "scratch" for s in self.experiment.sizes
+        ):
+            names.insert(0, self.experiment.sft_dataset)
+        return list(dict.fromkeys(names))
+
+    def section_hash(self, *keys: str) -> str:
+        """Stable hash of the named parts of the config ('datasets.gsm8k', 'models.tiny-s')."""
+        return digest({k: _lookup(self.model_dump(mode="json"), k) for k in keys})
+
+
+class _RefError(ValueError):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+def _lookup(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+def digest(obj: Any) -> str:
+    """Short sha256 of a JSON-able object (key order does not matter)."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def validate(raw: Any, source: str) -> Config:
+    """Validate a raw mapping; ConfigError names `source` and the dotted key of each problem."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the config must be a mapping, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"] if not _is_union_tag(p)) or "(top level)"
+            ctx = e.get("ctx", {}).get("error")
+            if isinstance(ctx, _RefError):
+                key, msg = ctx.key, ctx.message
+            else:
+                msg = e["msg"].removeprefix("Value error, ")
+                if e["type"] == "extra_forbidden":
+                    msg = "unknown key"
+            lines.append(f"{source}: {key}: {msg}")
+        raise ConfigError("invalid config\n  " + "\n  ".join(lines)) from None
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic puts the discriminator value in the location of tagged-union errors
+    return part in ("generated", "hub", "local")
+
+
+def load_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config file."""
+    return validate(load_yaml(path), str(path))

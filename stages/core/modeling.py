@@ -1,0 +1,136 @@
+"""Models: the byte-level tokenizer and tiny Qwen2 of the embedded default, and loading.
+
+A base model is described by a small JSON reference (``base.json``) that every later stage
+reads with :func:`load_reference`:
+
+- ``{"kind": "scratch", "path": "<folder>"}``: a model in Hugging Face layout that we trained;
+- ``{"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main"}``: downloaded on the
+  cluster by the job that first needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .io import ArtifactError
+
+EOS = "<|endoftext|>"
+SPECIALS = (EOS, "<|im_start|>", "<|im_end|>")
+
+
+def byte_level_alphabet() -> list[str]:
+    """The 256 byte-level symbols of GPT-2/Qwen byte-level BPE, in byte order."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    return sorted(ByteLevel.alphabet(), key=_byte_of)
+
+
+def _byte_of(symbol: str) -> int:
+    # GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256 + n
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    table = {}
+    n = 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + n)] = b
+            n += 1
+    return table[symbol]
+
+
+def build_tokenizer():
+    """A byte-level BPE tokenizer with no merges: every byte is one token.
+
+    Shaped like Qwen's (ByteLevel pre-tokenizer and decoder, `<|endoftext|>` as eos and pad, no
+    BOS) so that AutoTokenizer, which loads any tokenizer next to a qwen2 config as
+    Qwen2Tokenizer, yields exactly the ids we trained on (shared/notes/environment.md).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {symbol: i for i, symbol in enumerate(byte_level_alphabet())}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIALS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=EOS,
+        pad_token=EOS,
+        additional_special_tokens=list(SPECIALS[1:]),
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_scratch_model(arch, vocab_size: int, eos_id: int, seed: int):
+    """A freshly initialised Qwen2ForCausalLM of the given architecture (config.ScratchArch)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def load_reference(path: str | Path) -> dict:
+    """Read a base-model reference (base.json); errors name the file and the key."""
+    path = Path(path)
+    try:
+        ref = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: model reference not found") from None
+    except json.JSONDecodeError as err:
+        raise ArtifactError(f"{path}: not valid JSON: {err}") from None
+    kind = ref.get("kind")
+    need = {"scratch": ("path",), "hub": ("model_id", "revision")}.get(kind)
+    if need is None:
+        raise ArtifactError(f"{path}: key 'kind' must be 'scratch' or 'hub', got {kind!r}")
+    for key in need:
+        if not isinstance(ref.get(key), str):
+            raise ArtifactError(f"{path}: key {key!r} missing or not a string")
+    if kind == "scratch" and not Path(ref["path"]).is_absolute():
+        ref["path"] = str((path.parent / ref["path"]).resolve())
+    return ref
+
+
+def load_model_and_tokenizer(ref_path: str | Path, dtype=None, device: str = "cpu"):
+    """Load the model and tokenizer a reference points to, with errors that name the folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ref = load_reference(ref_path)
+    if ref["kind"] == "scratch":
+        where, kwargs = ref["path"], {"local_files_only": True}
+    else:
+        where, kwargs = ref["model_id"], {"revision": ref["revision"]}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=dtype or torch.float32, **kwargs
+        ).to(device)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ArtifactError(f"{ref_path}: cannot load the model at {where}: {err}") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer

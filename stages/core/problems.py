@@ -1,0 +1,168 @@
+"""The normalised problem schema and our deterministic arithmetic generator.
+
+Every prepared dataset (SFT data, RL prompts, benchmarks) has the columns of
+:data:`PROBLEM_SCHEMA`, whatever its source, so one polars scan reads them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+
+ANSWER_TYPES = ("math", "choice", "boolean")
+
+PROBLEM_SCHEMA = pa.schema(
+    [
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("answer", pa.string(), nullable=False),
+        pa.field("answer_type", pa.string(), nullable=False),
+        pa.field("choices", pa.list_(pa.string()), nullable=True),
+        pa.field("solution", pa.string(), nullable=True),
+        pa.field("level", pa.string(), nullable=True),
+        pa.field("subject", pa.string(), nullable=True),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One normalised record; `prompt` is filled in by :func:`render_prompt`."""
+
+    problem_id: str
+    source: str
+    question: str
+    answer: str
+    answer_type: str
+    choices: list[str] | None = None
+    solution: str | None = None
+    level: str | None = None
+    subject: str | None = None
+    prompt: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if self.answer_type not in ANSWER_TYPES:
+            raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {self.answer_type!r}")
+        if self.answer_type == "choice" and not self.choices:
+            raise ValueError("a choice problem needs its choices")
+
+    def row(self) -> dict:
+        return asdict(self)
+
+
+LETTERS = "ABCDEFGHIJ"
+
+
+def render_prompt(template: str, problem: Problem) -> str:
+    """Fill a template. `{question}` is the question, with lettered options for choice problems."""
+    question = problem.question
+    if problem.choices:
+        options = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(problem.choices))
+        question = f"{question}\n{options}"
+    return template.replace("{question}", question)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated arithmetic with worked solutions
+# ---------------------------------------------------------------------------------------------
+
+
+def split_of(question: str) -> str:
+    """Stable train/test bucket of a question (10% test), so the splits never share one."""
+    bucket = hashlib.sha256(question.encode()).digest()[0] % 10
+    return "test" if bucket == 0 else "train"
+
+
+def _expression(rng: random.Random, terms: int, max_add: int, max_mul: int) -> str:
+    parts = [str(rng.randint(0, max_add))]
+    for _ in range(terms - 1):
+        # no chained products: a*b*c leaves the times table
+        op = rng.choice("+-" if parts[-2:-1] == ["*"] else "+-*")
+        operand = rng.randint(0, max_mul) if op == "*" else rng.randint(0, max_add)
+        if op == "*" and int(parts[-1]) > max_mul:
+            # keep products within the times table: a*b needs both factors <= max_mul
+            parts[-1] = str(rng.randint(0, max_mul))
+        parts += [op, str(operand)]
+    return "".join(parts)
+
+
+def worked_solution(expression: str) -> tuple[str, int]:
+    """Steps for `expression` (+, -, * on non-negative integers): products first, then left to right.
+
+    >>> worked_solution("61+82-82*1")
+    ('82*1=82, 61+82=143, 143-82=61. #### 61', 61)
+    """
+    tokens: list[str] = []
+    number = ""
+    for ch in expression:
+        if ch.isdigit():
+            number += ch
+        else:
+            tokens += [number, ch]
+            number = ""
+    tokens.append(number)
+    steps = []
+    # products, left to right, each step one multiplication
+    i = 1
+    while i < len(tokens):
+        if tokens[i] == "*":
+            a, b = int(tokens[i - 1]), int(tokens[i + 1])
+            steps.append(f"{a}*{b}={a * b}")
+            tokens[i - 1 : i + 2] = [str(a * b)]
+        else:
+            i += 2
+    value = int(tokens[0])
+    for j in range(1, len(tokens), 2):
+        b = int(tokens[j + 1])
+        new = value + b if tokens[j] == "+" else value - b
+        steps.append(f"{value}{tokens[j]}{b}={new}")
+        value = new
+    return f"{', '.join(steps)}. #### {value}", value
+
+
+def generate_arithmetic(
+    n: int,
+    *,
+    seed: int,
+    min_terms: int = 2,
+    max_terms: int = 4,
+    max_add: int = 19,
+    max_mul: int = 9,
+    split: str = "train",
+    source: str = "generated",
+) -> list[Problem]:
+    """`n` distinct problems of the given split; the same arguments give the same list."""
+    rng = random.Random(f"arith:{seed}:{min_terms}:{max_terms}:{max_add}:{max_mul}")
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    attempts = 0
+    while len(problems) < n:
+        attempts += 1
+        if attempts > 50 * n + 1000:
+            raise ValueError(
+                f"cannot draw {n} distinct {split} problems with terms {min_terms}-{max_terms}, "
+                f"max_add {max_add}, max_mul {max_mul}: the space is too small"
+            )
+        expression = _expression(rng, rng.randint(min_terms, max_terms), max_add, max_mul)
+        question = f"{expression}=?"
+        if question in seen or split_of(question) != split:
+            continue
+        seen.add(question)
+        solution, value = worked_solution(expression)
+        problems.append(
+            Problem(
+                problem_id=hashlib.sha256(question.encode()).hexdigest()[:12],
+                source=source,
+                question=question,
+                answer=str(value),
+                answer_type="math",
+                solution=solution,
+                level=str(expression.count("+") + expression.count("-") + expression.count("*") + 1),
+            )
+        )
+    return problems

@@ -1,0 +1,15 @@
+rule prepare_data:
+    """One dataset (SFT data, RL prompts or a benchmark) as normalised Parquet."""
+    output:
+        data_path("{dataset}"),
+    params:
+        config=CONFIG_FILE,
+        config_hash=lambda w: config_hash(
+            f"datasets.{w.dataset}", f"templates.{CFG.datasets[w.dataset].template}", "seed"
+        ),
+    log:
+        f"{RESULTS}/logs/prepare_data/{{dataset}}.log",
+    threads: 1
+    shell:
+        "python -m stages.prepare_data --config {params.config} --dataset {wildcards.dataset}"
+        " --out {output} 2>&1 | tee {log}"
