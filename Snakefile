@@ -4,6 +4,12 @@
 # The rules live in workflow/rules/, one file per stage; the science lives in stages/.
 
 include: "workflow/rules/common.smk"
+
+# names from the config, so that "size=tiny-s" never matches a longer path
+wildcard_constraints:
+    dataset="|".join(map(re.escape, CFG.datasets)),
+    size="|".join(map(re.escape, CFG.models)),
+
 include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/base_model.smk"
 

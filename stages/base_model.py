@@ -87,7 +87,7 @@ def build_scratch(cfg: Config, size: str, sft_path: str, eval_path: str, out_dir
         "accuracy_sampled": sampled,
         "accuracy_greedy": greedy,
     }
-    prov = provenance("base_model", STAGE_VERSION, cfg.section_hash(f"models.{size}", "seed"),
+    prov = provenance("base_model", STAGE_VERSION, cfg.section_hash(f"models/{size}", "seed"),
                       seed, size=size)
     with atomic_dir(out_dir / "checkpoint") as tmp:
         model.save_pretrained(tmp)

@@ -342,7 +342,9 @@ class Config(Strict):
         return list(dict.fromkeys(names))
 
     def section_hash(self, *keys: str) -> str:
-        """Stable hash of the named parts of the config ('datasets.gsm8k', 'models.tiny-s')."""
+        """Stable hash of the named parts of the config ('datasets/gsm8k', 'models/qwen2.5-7b').
+
+        Paths use '/' because names may contain dots."""
         return digest({k: _lookup(self.model_dump(mode="json"), k) for k in keys})
 
 
@@ -353,8 +355,8 @@ class _RefError(ValueError):
         self.message = message
 
 
-def _lookup(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
+def _lookup(tree: Any, path: str) -> Any:
+    for part in path.split("/"):
         tree = tree[part]
     return tree
 

@@ -48,10 +48,10 @@ def prepare(cfg: Config, name: str) -> list[dict]:
         row["prompt"] = render_prompt(template, p)
         rows.append(row)
     if not rows:
-        raise ConfigError(f"datasets.{name}: the source produced no problems")
+        raise ConfigError(f"datasets/{name}: the source produced no problems")
     dupes = [k for k, v in collections.Counter(r["problem_id"] for r in rows).items() if v > 1]
     if dupes:
-        raise ConfigError(f"datasets.{name}: duplicate problem_id values, e.g. {dupes[:3]}")
+        raise ConfigError(f"datasets/{name}: duplicate problem_id values, e.g. {dupes[:3]}")
     return [{f: r[f] for f in PROBLEM_SCHEMA.names} for r in rows]
 
 
@@ -61,7 +61,7 @@ def main(args, cfg: Config) -> None:
     seed = cfg.seed + (ds.source.seed if isinstance(ds.source, GeneratedSource) else 0)
     prov = provenance(
         "prepare_data", STAGE_VERSION,
-        cfg.section_hash(f"datasets.{args.dataset}", f"templates.{ds.template}", "seed"),
+        cfg.section_hash(f"datasets/{args.dataset}", f"templates/{ds.template}", "seed"),
         seed, dataset=args.dataset, role=ds.role,
     )
     write_parquet(rows, args.out, PROBLEM_SCHEMA, prov)

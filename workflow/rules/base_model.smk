@@ -1,10 +1,3 @@
-def base_model_inputs(wildcards):
-    """Scratch models train on the SFT data and are scored on training prompts; hub models need nothing."""
-    if CFG.models[wildcards.size].source != "scratch":
-        return {}
-    return {"sft": data_path(EXP.sft_dataset), "eval": data_path(EXP.train_dataset)}
-
-
 rule base_model:
     """Train a scratch model by SFT (or record a hub model's id) and write its base.json."""
     input:
@@ -13,15 +6,16 @@ rule base_model:
         ref=base_ref("{size}"),
         summary=f"{model_dir('{size}')}/summary.json",
     params:
+        py=PY,
         config=CONFIG_FILE,
         out_dir=lambda w: model_dir(w.size),
         data=lambda w, input: (
             f"--sft-data {input.sft} --eval-data {input.eval}" if "sft" in input.keys() else ""
         ),
-        config_hash=lambda w: config_hash(f"models.{w.size}", "seed"),
+        config_hash=lambda w: config_hash(f"models/{w.size}", "seed"),
     log:
         f"{RESULTS}/logs/base_model/{{size}}.log",
     threads: 1
     shell:
-        "python -m stages.base_model --config {params.config} --size {wildcards.size}"
+        "{params.py} -m stages.base_model --config {params.config} --size {wildcards.size}"
         " {params.data} --out-dir {params.out_dir} --threads {threads} 2>&1 | tee {log}"

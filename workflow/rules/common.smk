@@ -18,6 +18,8 @@ except ConfigError as err:
     sys.exit(f"error: {err}")
 
 RESULTS = f"results/{CFG.run}"
+# The interpreter running Snakemake runs the stages too, so an un-activated venv still works.
+PY = sys.executable
 EXP = CFG.experiment
 SCRATCH_SIZES = [s for s in EXP.sizes if CFG.models[s].source == "scratch"]
 
@@ -52,7 +54,7 @@ def base_ref(size):
 
 
 def final_targets():
-    """Everything `rule all` asks for: the last artifacts of the stages that exist."""
+    """The targets of the default run: the last artifacts of the stages that exist."""
     return [data_path(d) for d in CFG.used_datasets()] + [base_ref(s) for s in EXP.sizes]
 
 
@@ -61,6 +63,9 @@ def config_hash(*keys):
     return CFG.section_hash(*keys)
 
 
-wildcard_constraints:
-    dataset="|".join(map(re.escape, CFG.datasets)),
-    size="|".join(map(re.escape, CFG.models)),
+# ----- inputs that depend on the config ------------------------------------------------------
+def base_model_inputs(wildcards):
+    """Scratch models train on the SFT data and are scored on training prompts; hub models need nothing."""
+    if CFG.models[wildcards.size].source != "scratch":
+        return {}
+    return {"sft": data_path(EXP.sft_dataset), "eval": data_path(EXP.train_dataset)}

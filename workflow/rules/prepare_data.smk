@@ -3,13 +3,14 @@ rule prepare_data:
     output:
         data_path("{dataset}"),
     params:
+        py=PY,
         config=CONFIG_FILE,
         config_hash=lambda w: config_hash(
-            f"datasets.{w.dataset}", f"templates.{CFG.datasets[w.dataset].template}", "seed"
+            f"datasets/{w.dataset}", f"templates/{CFG.datasets[w.dataset].template}", "seed"
         ),
     log:
         f"{RESULTS}/logs/prepare_data/{{dataset}}.log",
     threads: 1
     shell:
-        "python -m stages.prepare_data --config {params.config} --dataset {wildcards.dataset}"
+        "{params.py} -m stages.prepare_data --config {params.config} --dataset {wildcards.dataset}"
         " --out {output} 2>&1 | tee {log}"

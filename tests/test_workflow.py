@@ -1,0 +1,102 @@
+"""The Snakemake workflow: lint, dry runs of both configs, config errors, one real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import ROOT, write_yaml
+
+
+def snakemake(*args: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(cwd),
+         *args],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    table = stdout.split("Job stats:")[1].split("Reasons:")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+# The stages run in the project's own virtual environment (scripts/setup.sh), not in per-rule
+# conda environments or containers, so that one lint is expected and every other one is not.
+ACCEPTED_LINTS = {"Specify a conda environment or container for each rule."}
+
+
+def test_lint_is_clean_but_for_the_environment_lint():
+    proc = snakemake("--lint", cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert "Lints for" in out or "Congratulations" in out, out
+    titles = set(re.findall(r"^\s+\* (.+?):$", out, re.M))
+    assert titles <= ACCEPTED_LINTS, out
+
+
+def test_dry_run_default(tmp_path):
+    proc = snakemake("-n", "--configfile", str(ROOT / "config" / "config.yaml"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["prepare_data"] == 5 and counts["base_model"] == 2
+
+
+def test_dry_run_paper_lists_the_grid_offline(tmp_path):
+    env_offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    os.environ.update(env_offline)
+    proc = snakemake("-n", "--configfile", str(ROOT / "config" / "paper.yaml"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["prepare_data"] == 8  # MATH L3-5 + seven benchmarks
+    assert counts["base_model"] == 3  # 0.5B, 1.5B, 7B
+    for size in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"):
+        assert f"size={size}/base.json" in proc.stdout
+    # the default config is not merged into the paper's: no tiny models appear
+    assert "tiny-s" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (lambda c: c["train"].update(learnig_rate=1.0), "train.learnig_rate: unknown key"),
+        (lambda c: c["experiment"]["methods"].append("ppo"), "experiment.methods.2: unknown name 'ppo'"),
+        (lambda c: c["experiment"].update(benchmarks=["mmlu"]), "experiment.benchmarks.0: unknown name 'mmlu'"),
+        (lambda c: c["experiment"].update(sizes=["70b"]), "experiment.sizes.0: unknown name '70b'"),
+        (lambda c: c["evaluate"].update(n="eight"), "evaluate.n:"),
+    ],
+)
+def test_bad_config_stops_before_scheduling(tmp_path, test_raw, edit, expect):
+    edit(test_raw)
+    cfg = write_yaml(tmp_path / "bad.yaml", test_raw)
+    proc = snakemake("-n", "--configfile", str(cfg), cwd=tmp_path)
+    assert proc.returncode != 0
+    assert f"{cfg}: {expect}" in proc.stderr
+    assert "Job stats" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_real_run_of_the_test_config(tmp_path):
+    cfg = ROOT / "config" / "test.yaml"
+    proc = snakemake("--cores", "2", "--configfile", str(cfg), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = tmp_path / "results" / "test"
+    data = pl.scan_parquet(results / "data" / "**" / "*.parquet", hive_partitioning=True).collect()
+    assert sorted(data["dataset"].unique().to_list()) == ["arith-easy", "rl", "sft"]
+    ref = json.loads((results / "models" / "size=tiny-s" / "base.json").read_text())
+    assert ref == {"kind": "scratch", "path": "checkpoint"}
+    summary = json.loads((results / "models" / "size=tiny-s" / "summary.json").read_text())
+    assert 0.0 <= summary["accuracy_sampled"] <= 1.0 and summary["sft_steps"] == 20
+    assert (results / "models" / "size=tiny-s" / "checkpoint" / "model.safetensors").exists()
+    # a second run has nothing to do
+    again = snakemake("--cores", "2", "--configfile", str(cfg), cwd=tmp_path)
+    assert again.returncode == 0
+    assert "Nothing to be done" in again.stdout + again.stderr
