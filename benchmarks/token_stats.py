@@ -1,0 +1,196 @@
+"""Chunked exact token statistics vs the naive full-logits computation (METHODS §2).
+
+    python benchmarks/token_stats.py                       # 2,048 and 8,192 positions
+    python benchmarks/token_stats.py --positions 512       # a quick run
+    python benchmarks/token_stats.py --json results/bench/token_stats.json
+
+Both paths compute the same per-position statistics (entropy, Rényi-2, log-prob of the sampled
+token, max probability, logsumexp) from hidden states (N, 896) and a random LM head
+(151,936, 896) in float32, Qwen2.5-0.5B's shapes:
+
+- naive: logits = h · W^T for all positions (N × V float32), p = softmax(logits), then
+  reductions; einsum keeps the reductions from allocating a third N × V tensor, so the naive
+  peak is about two N × V float32 tensors — a strong baseline, not a strawman.
+- chunked: :func:`stages.core.stats.chunked_token_statistics` (jsd=False, the same quantities).
+
+How memory is measured. Each measurement runs in a fresh subprocess (the parent only
+orchestrates), so allocator caches and earlier peaks cannot leak between measurements. The
+worker builds its inputs, runs both paths once on 16 positions to pay one-time library
+initialisation, then resets the kernel's resident-set high-water mark (writing "5" to
+/proc/self/clear_refs) and reads the current RSS as the baseline. After the timed call it reads
+VmHWM from /proc/self/status. peak = VmHWM - baseline: the physical memory the computation
+itself needed above its inputs (weights, hidden states, imported libraries). RSS is the right
+measure for torch on CPU: tracemalloc sees only Python-object allocations, and torch's CPU
+allocator keeps no peak statistics. Linux only; elsewhere the worker falls back to
+getrusage's ru_maxrss, which includes the inputs and is labelled as such.
+
+Time is wall-clock of one call (time.perf_counter), in the same worker, after the warm-up.
+Ratios are chunked / naive; below 1 means the chunked path is smaller or faster. The machine's
+other load adds noise to both; run --repeats > 1 to take the per-path minimum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+VOCAB = 151_936
+HIDDEN = 896
+TEMPERATURE = 1.0
+
+
+def naive_statistics(hidden, weight, token_ids, temperature=1.0):
+    """All-positions baseline: full float32 (float64 for float64 input) logits (N, V), softmax,
+    reductions."""
+    logits = hidden @ weight.T  # (N, V)
+    logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    lse = torch.logsumexp(logits, dim=-1)  # (N,)
+    p = torch.softmax(logits, dim=-1)  # (N, V)
+    entropy = lse - torch.einsum("nv,nv->n", p, logits)
+    renyi2 = -torch.einsum("nv,nv->n", p, p).log()
+    return {
+        "entropy": entropy,
+        "renyi2": renyi2,
+        "logsumexp": lse,
+        "max_prob": p.amax(dim=-1),
+        "logprob": logits.gather(-1, token_ids[:, None]).squeeze(1) - lse,
+    }
+
+
+def _chunked(hidden, weight, token_ids, chunk_positions, chunk_vocab):
+    from stages.core.stats import chunked_token_statistics
+
+    return chunked_token_statistics(
+        hidden, weight, token_ids, TEMPERATURE,
+        chunk_positions=chunk_positions, chunk_vocab=chunk_vocab, jsd=False,
+    )
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def worker(path: str, positions: int, chunk_positions: int, chunk_vocab: int) -> dict:
+    """One measurement in this (fresh) process: {'peak_mb', 'seconds', 'method'}."""
+    torch.manual_seed(0)
+    weight = torch.randn(VOCAB, HIDDEN) / math.sqrt(HIDDEN)  # (V, D)
+    hidden = torch.randn(positions, HIDDEN) * 3.0  # (N, D): logits of std ~3, a peaked p
+    token_ids = torch.randint(0, VOCAB, (positions,))
+
+    def run(h, ids):
+        if path == "naive":
+            return naive_statistics(h, weight, ids, TEMPERATURE)
+        return _chunked(h, weight, ids, chunk_positions, chunk_vocab)
+
+    with torch.no_grad():
+        run(hidden[:16], token_ids[:16])  # library initialisation, thread pools
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            baseline_kb, method = _rss_kb("VmRSS"), "VmHWM - baseline RSS"
+        except OSError:
+            baseline_kb, method = 0, "ru_maxrss (includes inputs)"
+        start = time.perf_counter()
+        out = run(hidden, token_ids)
+        seconds = time.perf_counter() - start
+    if method.startswith("VmHWM"):
+        peak_kb = _rss_kb("VmHWM") - baseline_kb
+    else:
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert torch.isfinite(out["entropy"]).all()
+    return {"peak_mb": peak_kb / 1024, "seconds": seconds, "method": method}
+
+
+def measure(path: str, positions: int, chunk_positions: int, chunk_vocab: int) -> dict:
+    cmd = [
+        sys.executable, __file__, "--_worker", path, "--positions", str(positions),
+        "--chunk-positions", str(chunk_positions), "--chunk-vocab", str(chunk_vocab),
+    ]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{path} at {positions} positions failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def check_accuracy(positions: int, chunk_positions: int, chunk_vocab: int) -> dict[str, float]:
+    """Largest absolute error of each float32 path against the naive path in float64."""
+    torch.manual_seed(1)
+    weight = torch.randn(VOCAB, HIDDEN) / math.sqrt(HIDDEN)
+    hidden = torch.randn(positions, HIDDEN) * 3.0
+    ids = torch.randint(0, VOCAB, (positions,))
+    with torch.no_grad():
+        exact = naive_statistics(hidden.double(), weight.double(), ids, TEMPERATURE)
+        paths = {
+            "naive": naive_statistics(hidden, weight, ids, TEMPERATURE),
+            "chunked": _chunked(hidden, weight, ids, chunk_positions, chunk_vocab),
+        }
+    return {
+        name: max(float((out[k].double() - exact[k]).abs().max()) for k in exact)
+        for name, out in paths.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--positions", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--chunk-positions", type=int, default=None, help="default: the library's")
+    parser.add_argument("--chunk-vocab", type=int, default=None, help="default: the library's")
+    parser.add_argument("--repeats", type=int, default=1, help="measurements per path; min kept")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--_worker", choices=["naive", "chunked"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    from stages.core import stats
+
+    cp = args.chunk_positions or stats.CHUNK_POSITIONS
+    cv = args.chunk_vocab or stats.CHUNK_VOCAB
+    if args._worker:
+        print(json.dumps(worker(args._worker, args.positions[0], cp, cv)))
+        return
+
+    print(f"V = {VOCAB:,}, hidden = {HIDDEN}, float32, torch threads = {torch.get_num_threads()}, "
+          f"chunks = {cp} positions x {cv} vocabulary entries")
+    errors = check_accuracy(64, cp, cv)
+    print("max abs error against float64 on 64 positions: "
+          + ", ".join(f"{name} {err:.1e}" for name, err in errors.items()))
+    rows = []
+    for n in args.positions:
+        naive = [measure("naive", n, cp, cv) for _ in range(args.repeats)]
+        chunked = [measure("chunked", n, cp, cv) for _ in range(args.repeats)]
+        row = {
+            "positions": n,
+            "naive_peak_mb": min(m["peak_mb"] for m in naive),
+            "chunked_peak_mb": min(m["peak_mb"] for m in chunked),
+            "naive_s": min(m["seconds"] for m in naive),
+            "chunked_s": min(m["seconds"] for m in chunked),
+        }
+        row["peak_mem_ratio"] = row["chunked_peak_mb"] / row["naive_peak_mb"]
+        row["time_ratio"] = row["chunked_s"] / row["naive_s"]
+        rows.append(row)
+    print(f"memory: {naive[0]['method']}")
+    header = ("positions", "naive_peak_mb", "chunked_peak_mb", "peak_mem_ratio",
+              "naive_s", "chunked_s", "time_ratio")
+    print(" | ".join(f"{h:>15}" for h in header))
+    for row in rows:
+        print(" | ".join(
+            f"{row[h]:>15,}" if h == "positions" else f"{row[h]:>15.3f}" for h in header
+        ))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([{h: row[h] for h in header} for row in rows], indent=2))
+
+
+if __name__ == "__main__":
+    main()

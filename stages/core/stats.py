@@ -1,0 +1,478 @@
+"""Exact per-token statistics of the full-vocabulary distribution (METHODS §2).
+
+For a position with logits z ∈ R^V and temperature T the distribution is p = softmax(z / T).
+Every quantity is in nats:
+
+- ``entropy``   H(p)  = -Σ_j p_j log p_j
+- ``renyi2``    H2(p) = -log Σ_j p_j²            (0 ≤ H2 ≤ H ≤ log V)
+- ``logsumexp`` log Σ_j exp(z_j / T)
+- ``max_prob``  max_j p_j                        (a probability, not a log)
+- ``logprob``   log p(o) of the sampled token o
+- ``jsd``       d = JSD(p ‖ p̄), p̄ the mean distribution over the valid positions of the scope
+
+There is one implementation, written over *blocks* of scaled logits (positions × vocabulary):
+the moments of a block are merged with an online logsumexp (running max, running sums), so the
+same code serves materialised logits (:func:`token_statistics`) and hidden states times the
+language-model head (:func:`chunked_token_statistics`), where the full (N, V) logits never exist
+and peak memory is O(chunk_positions × chunk_vocab).
+
+Numerics: everything is computed in float32 (float64 when an input is float64), whatever the
+dtype of the inputs; bf16 hidden states and head weights are cast per block before the matmul.
+Entropy is computed as log s0 - s1 / s0 with s0 = Σ e^{z-m} and s1 = Σ e^{z-m} (z-m) (m the row
+max), a sum of two non-negative terms, so it does not cancel even for logits of size 1e4.
+JSD uses x·log(2x/(x+y)) terms, each non-negative, with 0·log 0 = 0.
+
+Masked positions (mask False / 0) are never computed; their statistics are 0.
+With a head, z = (h / T) · W^T + b / T: the temperature is folded into the hidden state, which
+differs from (h · W^T + b) / T only by float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LN2 = math.log(2.0)
+CHUNK_POSITIONS = 1024
+CHUNK_VOCAB = 32768
+
+
+# ---------------------------------------------------------------------------------------------
+# Block math: the single implementation of every formula.
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Moments:
+    """Online-logsumexp state of a set of rows over part of the vocabulary (all (n,) tensors).
+
+    With m the running max of the scaled logits over the part seen so far:
+    s0 = Σ e^{z-m}, s1 = Σ e^{z-m} (z-m) ≤ 0, s2 = Σ e^{2(z-m)}.
+    """
+
+    m: Tensor
+    s0: Tensor
+    s1: Tensor
+    s2: Tensor
+
+
+def _block_moments(z: Tensor, scratch: Tensor | None = None, finite: bool = False) -> _Moments:
+    """Moments of one block of scaled logits z (n, v). Overwrites z (it is a scratch buffer).
+
+    finite=False allows -inf logits (masked vocabulary entries): they contribute e = 0 and
+    e·(z-m) = 0 instead of 0·inf = nan. A head's logits are finite, which saves that pass.
+    """
+    # a block whose row is all -inf gets the finite max finfo.min, so that row's moments are 0
+    # and merging them stays 0 · (finite) instead of 0 · inf
+    m = z.amax(dim=1).clamp_min_(torch.finfo(z.dtype).min)  # (n,)
+    z.sub_(m[:, None])
+    if not finite:
+        z.clamp_min_(torch.finfo(z.dtype).min)
+    e = torch.exp(z, out=scratch) if scratch is not None else torch.exp(z)  # (n, v)
+    s0 = e.sum(dim=1)
+    s1 = z.mul_(e).sum(dim=1)
+    s2 = e.square_().sum(dim=1)
+    return _Moments(m, s0, s1, s2)
+
+
+def _merge(a: _Moments | None, b: _Moments) -> _Moments:
+    """Moments of the union of two disjoint vocabulary parts of the same rows."""
+    if a is None:
+        return b
+    m = torch.maximum(a.m, b.m)
+    da, db = a.m - m, b.m - m  # ≤ 0, finite
+    ca, cb = da.exp(), db.exp()
+    return _Moments(
+        m=m,
+        s0=ca * a.s0 + cb * b.s0,
+        s1=ca * (a.s1 + da * a.s0) + cb * (b.s1 + db * b.s0),
+        s2=ca.square() * a.s2 + cb.square() * b.s2,
+    )
+
+
+def _finish(mom: _Moments) -> dict[str, Tensor]:
+    """Per-row statistics (nats) from the moments over the whole vocabulary."""
+    log_s0 = mom.s0.log()  # ≥ 0: the max term is e^0 = 1
+    return {
+        "logsumexp": mom.m + log_s0,
+        "entropy": (log_s0 - mom.s1 / mom.s0).clamp_min(0.0),
+        "renyi2": (2.0 * log_s0 - mom.s2.log()).clamp_min(0.0),
+        "max_prob": mom.s0.reciprocal(),
+    }
+
+
+def _jsd_block(p: Tensor, q: Tensor) -> Tensor:
+    """Σ_j over a block of ½[p log(2p/(p+q)) + q log(2q/(p+q))] in nats; p (n, v), q (n|1, v).
+
+    Each summand is ≥ 0 (log-sum inequality), and x log(...) = 0 at x = 0 (xlogy), also where
+    p = q = 0.
+    """
+    total = torch.add(p, q).clamp_min_(torch.finfo(p.dtype).tiny)  # (n, v)
+    ratio = torch.div(p, total).mul_(2.0)  # (n, v) 2p/(p+q)
+    terms = torch.xlogy(p, ratio)
+    # 2q/(p+q) divided out, not 2 - 2p/(p+q): that cancels to 0 when q << p
+    terms += torch.xlogy(q, torch.div(q, total, out=ratio).mul_(2.0))
+    return 0.5 * terms.sum(dim=-1)  # (n,)
+
+
+def jensen_shannon(p: Tensor, q: Tensor) -> Tensor:
+    """JSD(p ‖ q) in nats over the last dimension of two probability tensors (broadcast).
+
+    0 ≤ JSD ≤ ln 2; scipy.spatial.distance.jensenshannon returns its square root.
+    """
+    p, q = torch.broadcast_tensors(p, q)
+    shape = p.shape[:-1]
+    p, q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    return _jsd_block(p, q).clamp(0.0, LN2).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logit sources: where the blocks of scaled logits come from.
+# ---------------------------------------------------------------------------------------------
+def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+class _Source:
+    """Blocks z[rows, c0:c1] / T of the logits at the valid positions, in the compute dtype.
+
+    hidden (..., D) with head_weight (V, D) [and head_bias (V,)], or materialised logits (..., V)
+    when head_weight is None. Only the valid positions are ever touched.
+    """
+
+    def __init__(
+        self,
+        hidden: Tensor,
+        head_weight: Tensor | None,
+        temperature: float,
+        mask: Tensor | None,
+        head_bias: Tensor | None,
+        chunk_positions: int,
+        chunk_vocab: int,
+    ) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if chunk_positions < 1 or chunk_vocab < 1:
+            raise ValueError("chunk_positions and chunk_vocab must be ≥ 1")
+        self.shape = hidden.shape[:-1]  # (...) the position shape
+        self.dtype = _compute_dtype(hidden, head_weight, head_bias)
+        self.device = hidden.device
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (N, D) or (N, V)
+        if mask is None:
+            self.valid = torch.ones(flat.shape[0], dtype=torch.bool, device=self.device)
+        else:
+            if mask.shape != self.shape:
+                raise ValueError(f"mask shape {tuple(mask.shape)} != positions {tuple(self.shape)}")
+            self.valid = mask.reshape(-1).to(self.device) != 0  # (N,) int masks exactly as bool
+        self.rows = self.valid.nonzero().squeeze(1)  # (N_valid,)
+        self.inv_t = 1.0 / temperature
+        self.head = head_weight
+        if head_weight is None:
+            self.data = flat  # (N, V): gathered block by block, never copied whole
+            self.vocab = flat.shape[1]
+            self.bias = None
+        else:
+            if head_weight.shape[1] != flat.shape[1]:
+                raise ValueError(f"hidden size {flat.shape[1]} != head {tuple(head_weight.shape)}")
+            # (N_valid, D): small next to a (N, V) block; temperature folded in once
+            self.data = flat[self.rows].to(self.dtype) * self.inv_t
+            self.vocab = head_weight.shape[0]
+            self.bias = None if head_bias is None else head_bias.to(self.dtype) * self.inv_t
+        self.n = int(self.rows.numel())
+        self.cp = min(chunk_positions, max(self.n, 1))
+        self.cv = min(chunk_vocab, self.vocab)
+        self._buf = torch.empty(2 * self.cp * self.cv, dtype=self.dtype, device=self.device)
+
+    def position_chunks(self) -> Iterator[tuple[int, int]]:
+        for a in range(0, self.n, self.cp):
+            yield a, min(a + self.cp, self.n)
+
+    def vocab_chunks(self) -> Iterator[tuple[int, int]]:
+        for c in range(0, self.vocab, self.cv):
+            yield c, min(c + self.cv, self.vocab)
+
+    def buffers(self, n: int, v: int) -> tuple[Tensor, Tensor]:
+        """Two contiguous (n, v) scratch tensors reused across blocks (no fresh page faults)."""
+        size = n * v
+        return self._buf[:size].view(n, v), self._buf[size : 2 * size].view(n, v)
+
+    def block(self, a: int, b: int, c0: int, c1: int) -> Tensor:
+        """Scaled logits (b - a, c1 - c0) of valid positions a..b, in a reusable buffer."""
+        out, _ = self.buffers(b - a, c1 - c0)
+        if self.head is None:
+            rows = self.rows[a:b]
+            out.copy_(self.data[rows, c0:c1])
+            if self.inv_t != 1.0:
+                out.mul_(self.inv_t)
+        else:
+            w = self.head[c0:c1].to(self.dtype)  # (v, D); no copy when already float32
+            torch.matmul(self.data[a:b], w.T, out=out)
+            if self.bias is not None:
+                out.add_(self.bias[c0:c1])
+        return out
+
+    def probs(self, a: int, b: int, c0: int, c1: int, lse: Tensor) -> Tensor:
+        """p = exp(z/T - logsumexp) (b - a, c1 - c0) of valid positions a..b."""
+        return self.block(a, b, c0, c1).sub_(lse[a:b, None]).exp_()
+
+    def scatter(self, values: Tensor) -> Tensor:
+        """(N_valid,) values at the valid positions -> (...) with 0 elsewhere."""
+        out = torch.zeros(self.valid.shape[0], dtype=values.dtype, device=self.device)
+        out[self.rows] = values
+        return out.reshape(self.shape)
+
+
+def _token_ids_valid(src: _Source, token_ids: Tensor) -> Tensor:
+    if token_ids.shape != src.shape:
+        raise ValueError(f"token_ids shape {tuple(token_ids.shape)} != positions {tuple(src.shape)}")
+    ids = token_ids.reshape(-1).to(src.device)[src.rows].long()  # (N_valid,)
+    if ids.numel() and (ids.min() < 0 or ids.max() >= src.vocab):
+        raise ValueError(f"token ids outside the vocabulary [0, {src.vocab})")
+    return ids
+
+
+def _stats(src: _Source, ids: Tensor | None) -> dict[str, Tensor]:
+    """Per valid position (N_valid,): logsumexp, entropy, renyi2, max_prob[, logprob]."""
+    parts: dict[str, list[Tensor]] = {}
+    for a, b in src.position_chunks():
+        mom = None
+        tok = None if ids is None else torch.zeros(b - a, dtype=src.dtype, device=src.device)
+        for c0, c1 in src.vocab_chunks():
+            z = src.block(a, b, c0, c1)  # (n, v)
+            if tok is not None:
+                local = ids[a:b] - c0  # (n,)
+                inside = (local >= 0) & (local < c1 - c0)
+                picked = z.gather(1, local.clamp(0, c1 - c0 - 1)[:, None]).squeeze(1)
+                tok = torch.where(inside, picked, tok)
+            _, scratch = src.buffers(b - a, c1 - c0)
+            mom = _merge(mom, _block_moments(z, scratch, finite=src.head is not None))
+        out = _finish(mom)
+        if tok is not None:
+            out["logprob"] = tok - out["logsumexp"]
+        for key, value in out.items():
+            parts.setdefault(key, []).append(value)
+    keys = ["logsumexp", "entropy", "renyi2", "max_prob"] + ([] if ids is None else ["logprob"])
+    empty = torch.zeros(0, dtype=src.dtype, device=src.device)
+    return {k: torch.cat(parts[k]) if k in parts else empty for k in keys}
+
+
+def _logsumexp(src: _Source) -> Tensor:
+    return _stats(src, None)["logsumexp"]
+
+
+def _distribution_sum(src: _Source, lse: Tensor) -> Tensor:
+    total = torch.zeros(src.vocab, dtype=src.dtype, device=src.device)  # (V,)
+    for a, b in src.position_chunks():
+        for c0, c1 in src.vocab_chunks():
+            total[c0:c1] += src.probs(a, b, c0, c1, lse).sum(dim=0)
+    return total
+
+
+def _jsd(src: _Source, lse: Tensor, mean_dist: Tensor) -> Tensor:
+    q = mean_dist.to(device=src.device, dtype=src.dtype)  # (V,)
+    if q.shape != (src.vocab,):
+        raise ValueError(f"mean distribution of shape {tuple(q.shape)}, expected ({src.vocab},)")
+    out = torch.zeros(src.n, dtype=src.dtype, device=src.device)  # (N_valid,)
+    for a, b in src.position_chunks():
+        for c0, c1 in src.vocab_chunks():
+            out[a:b] += _jsd_block(src.probs(a, b, c0, c1, lse), q[None, c0:c1])
+    return out.clamp_(0.0, LN2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def token_statistics(
+    logits: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    token_ids: Tensor | None = None,
+    *,
+    jsd: bool = False,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> dict[str, Tensor]:
+    """Statistics of p = softmax(logits / T) at every position of logits (..., V).
+
+    Returns tensors of shape (...) in the compute dtype (float32, or float64 for float64 input):
+    ``entropy``, ``renyi2``, ``logsumexp``, ``max_prob``; ``logprob`` when token_ids (...) is
+    given; ``jsd`` (d = JSD(p ‖ p̄), p̄ the mean over the valid positions) when jsd=True.
+    All in nats except max_prob. Masked positions (mask 0 / False) hold 0.
+    The logits are read block by block, so no (..., V) float32 copy of them is made.
+    Runs under no_grad: these statistics score and describe tokens; the loss computes its own
+    log-probabilities with gradient.
+    """
+    return _all_statistics(
+        logits, None, token_ids, temperature, mask, None, chunk_positions, chunk_vocab, jsd
+    )
+
+
+@torch.no_grad()
+def chunked_token_statistics(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    token_ids: Tensor | None,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+    *,
+    jsd: bool = True,
+) -> dict[str, Tensor]:
+    """Statistics of p = softmax((hidden · W^T + b) / T) without materialising the logits.
+
+    hidden (..., D), head_weight (V, D), head_bias (V,) or None, token_ids (...) or None.
+    Streams over chunk_positions × chunk_vocab blocks of logits (peak memory O(their product));
+    returns (...) tensors ``entropy``, ``renyi2``, ``logsumexp``, ``max_prob`` and (with
+    token_ids) ``logprob``, all nats but max_prob; with jsd=True also ``jsd`` (nats), the
+    deviation d = JSD(p ‖ p̄) from the mean distribution p̄ over the valid positions, which costs
+    two more passes over the vocabulary (p̄, then d). Masked positions hold 0.
+    head_weight=None reads `hidden` as materialised logits (..., V).
+    """
+    return _all_statistics(
+        hidden, head_weight, token_ids, temperature, mask, head_bias,
+        chunk_positions, chunk_vocab, jsd,
+    )
+
+
+def _all_statistics(
+    hidden, head_weight, token_ids, temperature, mask, head_bias, chunk_positions, chunk_vocab,
+    jsd,
+) -> dict[str, Tensor]:
+    src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
+    ids = None if token_ids is None else _token_ids_valid(src, token_ids)
+    out = _stats(src, ids)
+    if jsd:
+        mean_dist = _distribution_sum(src, out["logsumexp"]) / max(src.n, 1)
+        out["jsd"] = _jsd(src, out["logsumexp"], mean_dist)
+    return {key: src.scatter(value) for key, value in out.items()}
+
+
+@torch.no_grad()
+def distribution_sum(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    logsumexp: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> tuple[Tensor, int]:
+    """(Σ_i p_i over the valid positions (V,), number of valid positions).
+
+    The pieces of p̄ that ranks all-reduce before dividing. logsumexp (...) from
+    :func:`chunked_token_statistics` saves a pass over the vocabulary.
+    """
+    src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
+    lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)
+    return _distribution_sum(src, lse), src.n
+
+
+def mean_distribution(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    logsumexp: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> Tensor:
+    """p̄ (V,): the mean of p_i over the valid positions (zeros when there are none)."""
+    total, n = distribution_sum(
+        hidden, head_weight, temperature, mask, head_bias, logsumexp, chunk_positions, chunk_vocab
+    )
+    return total / max(n, 1)
+
+
+@torch.no_grad()
+def jsd_to_mean(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    mean_dist: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    logsumexp: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> Tensor:
+    """d_i = JSD(p_i ‖ mean_dist) in nats, (...), 0 at masked positions; mean_dist (V,)."""
+    src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
+    lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)
+    return src.scatter(_jsd(src, lse, mean_dist))
+
+
+def _valid_values(src: _Source, values: Tensor) -> Tensor:
+    if values.shape != src.shape:
+        raise ValueError(f"shape {tuple(values.shape)} != positions {tuple(src.shape)}")
+    return values.reshape(-1).to(device=src.device, dtype=src.dtype)[src.rows]
+
+
+def id_sums(
+    token_ids: Tensor, values: Tensor, mask: Tensor | None = None, vocab_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Per vocabulary id v: (Σ values over valid positions with token v (V,) float64, counts (V,)).
+
+    token_ids and values (...). The V-sized pieces of the ICT ``token_id`` score that ranks
+    all-reduce; float64 sums of float32 values do not depend on the summation order in practice,
+    so the scores do not depend on how the scope is split. vocab_size defaults to max id + 1.
+    """
+    if token_ids.shape != values.shape:
+        raise ValueError(f"token_ids {tuple(token_ids.shape)} and values {tuple(values.shape)}")
+    ids = token_ids.reshape(-1).long()
+    vals = values.reshape(-1).to(torch.float64)
+    if mask is not None:
+        keep = mask.reshape(-1).to(ids.device) != 0
+        ids, vals = ids[keep], vals[keep]
+    size = vocab_size if vocab_size is not None else int(ids.max()) + 1 if ids.numel() else 0
+    sums = torch.zeros(size, dtype=torch.float64, device=ids.device).index_add_(0, ids, vals)
+    counts = torch.bincount(ids, minlength=size)
+    return sums, counts
+
+
+def id_mean_scores(sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    """(ids (U,) ascending, mean value per id (U,)) for the ids with a nonzero count."""
+    ids = counts.nonzero().squeeze(1)
+    return ids, sums[ids] / counts[ids].to(sums.dtype)
+
+
+@torch.no_grad()
+def pooled_id_scores(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    token_ids: Tensor,
+    mean_dist: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    logsumexp: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> tuple[Tensor, Tensor]:
+    """ICT ``pooled``: (ids (U,) ascending, s_v = JSD(p̄_v ‖ p̄) (U,) in nats).
+
+    p̄_v is the mean of p_i over the valid positions whose sampled token is v. The vocabulary is
+    the outer loop, so memory is O(U × chunk_vocab) rather than U × V; exact, but one process
+    must see the whole scope.
+    """
+    src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
+    lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)
+    ids = _token_ids_valid(src, token_ids)
+    uniq, inverse = torch.unique(ids, return_inverse=True)  # (U,), (N_valid,)
+    counts = torch.bincount(inverse, minlength=uniq.numel()).to(src.dtype)  # (U,)
+    q = mean_dist.to(device=src.device, dtype=src.dtype)
+    scores = torch.zeros(uniq.numel(), dtype=src.dtype, device=src.device)  # (U,)
+    for c0, c1 in src.vocab_chunks():
+        pooled = torch.zeros(uniq.numel(), c1 - c0, dtype=src.dtype, device=src.device)  # (U, v)
+        for a, b in src.position_chunks():
+            pooled.index_add_(0, inverse[a:b], src.probs(a, b, c0, c1, lse))
+        scores += _jsd_block(pooled / counts[:, None], q[None, c0:c1])
+    return uniq, scores.clamp_(0.0, LN2)
