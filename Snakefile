@@ -9,9 +9,14 @@ include: "workflow/rules/common.smk"
 wildcard_constraints:
     dataset="|".join(map(re.escape, CFG.datasets)),
     size="|".join(map(re.escape, CFG.models)),
+    method="|".join(map(re.escape, ["base", *CFG.methods])),
+    bench="|".join(map(re.escape, CFG.datasets)),
+    seed=r"\d+",
 
 include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/base_model.smk"
+include: "workflow/rules/rollout.smk"
+include: "workflow/rules/token_stats.smk"
 
 
 rule all:

@@ -10,6 +10,7 @@ import math
 import random
 
 import torch
+
 from .progress import progress
 
 

@@ -53,9 +53,39 @@ def base_ref(size):
     return f"{model_dir(size)}/base.json"
 
 
+def rollout_path(size):
+    return f"{RESULTS}/rollouts/size={size}/rollouts.parquet"
+
+
+def token_stats_dir(size):
+    return f"{RESULTS}/token_stats/size={size}"
+
+
+def train_dir(size, method, seed):
+    """Training of one size x method x seed: model.json (reference to final/), final/, metrics.parquet."""
+    return f"{RESULTS}/train/size={size}/method={method}/seed={seed}"
+
+
+def eval_dir(size, method, seed, bench):
+    """Evaluation of one model on one benchmark; method "base" is the untrained base model."""
+    return f"{RESULTS}/eval/size={size}/method={method}/seed={seed}/bench={bench}"
+
+
+def tables_dir():
+    return f"{RESULTS}/tables"
+
+
+def figures_dir():
+    return f"{RESULTS}/figures"
+
+
 def final_targets():
     """The targets of the default run: the last artifacts of the stages that exist."""
-    return [data_path(d) for d in CFG.used_datasets()] + [base_ref(s) for s in EXP.sizes]
+    return (
+        [data_path(d) for d in CFG.used_datasets()]
+        + [base_ref(s) for s in EXP.sizes]
+        + [f"{token_stats_dir(s)}/summary.parquet" for s in EXP.sizes]
+    )
 
 
 # A job reruns when the parts of the config it reads change, and only then.

@@ -1,0 +1,64 @@
+"""Rollout backends behind one interface: `hf` (transformers, CPU or GPU) and `vllm` (GPU).
+
+Both take prompts and sampling settings and return :class:`~stages.core.generation.Sample` rows,
+so the rollout, training and evaluation stages do not care which one ran. vLLM is imported only
+when the `vllm` backend is selected: it is an optional extra that needs a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .generation import Sample, sample_hf
+from .modeling import load_model_and_tokenizer, load_reference
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    n: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    batch_size: int = 64  # hf only: sequences per generate() call
+    tensor_parallel_size: int = 1  # vllm only
+
+
+def generate(backend: str, model_ref: str | Path, prompts: list[str], s: SamplingSettings,
+             desc: str = "sampling") -> list[Sample]:
+    """`s.n` responses to every prompt, ordered by (prompt, sample)."""
+    if backend == "hf":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, tokenizer = load_model_and_tokenizer(model_ref, device=device)
+        return sample_hf(model, tokenizer, prompts, n=s.n, temperature=s.temperature,
+                         top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed,
+                         batch_size=s.batch_size, desc=desc)
+    if backend == "vllm":
+        return generate_vllm(model_ref, prompts, s)
+    raise ValueError(f"unknown rollout backend {backend!r} (hf or vllm)")
+
+
+def generate_vllm(model_ref: str | Path, prompts: list[str], s: SamplingSettings) -> list[Sample]:
+    """vLLM's offline engine; the same columns as `hf`. Needs `pip install -e '.[gpu]'` and a GPU."""
+    from vllm import LLM, SamplingParams  # optional extra: imported only here
+
+    ref = load_reference(model_ref)
+    where, revision = (ref["path"], None) if ref["kind"] == "scratch" else (ref["model_id"], ref["revision"])
+    llm = LLM(model=where, revision=revision, tokenizer_revision=revision,
+              tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p,
+                            max_tokens=s.max_new_tokens, seed=s.seed,
+                            skip_special_tokens=True)
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params)
+    samples = []
+    for i, out in enumerate(outputs):
+        for j, completion in enumerate(out.outputs):
+            reason = "stop" if completion.finish_reason == "stop" else "length"
+            samples.append(Sample(i, j, prompt_ids[i], list(completion.token_ids),
+                                  completion.text, reason))
+    return samples

@@ -1,0 +1,20 @@
+rule rollout:
+    """Sample n responses per training prompt from one size's base model and grade them."""
+    input:
+        model=base_ref("{size}"),
+        prompts=data_path(EXP.train_dataset),
+    output:
+        rollout_path("{size}"),
+    params:
+        py=PY,
+        config=CONFIG_FILE,
+        config_hash=lambda w: config_hash(
+            "rollout", f"models/{w.size}", "seed", "train/reward_correct", "train/reward_incorrect"
+        ),
+    log:
+        f"{RESULTS}/logs/rollout/{{size}}.log",
+    threads: 1
+    shell:
+        "{params.py} -m stages.rollout --config {params.config} --size {wildcards.size}"
+        " --model {input.model} --prompts {input.prompts} --out {output} --threads {threads}"
+        " 2>&1 | tee {log}"
