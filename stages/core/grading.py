@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from stages.core.problems import ANSWER_TYPES, LETTERS
+from stages.core.answers import ANSWER_TYPES, LETTERS
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
-ANSWER_TYPES = ("math", "choice", "boolean")
+from .answers import ANSWER_TYPES, LETTERS
 
 PROBLEM_SCHEMA = pa.schema(
     [
@@ -53,9 +53,6 @@ class Problem:
 
     def row(self) -> dict:
         return asdict(self)
-
-
-LETTERS = "ABCDEFGHIJ"
 
 
 def render_prompt(template: str, problem: Problem) -> str:
