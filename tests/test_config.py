@@ -113,7 +113,7 @@ def test_template_must_exist_and_hold_question(default_raw):
 def test_model_source_blocks(default_raw):
     del default_raw["models"]["tiny-s"]["sft"]
     assert "models.tiny-s: source 'scratch' needs the blocks" in errors_of(default_raw)
-    default_raw["models"]["tiny-s"]["scratch"]["num_attention_heads"] = 3
+    default_raw["models"]["tiny-s"]["scratch"]["num_attention_heads"] = 7
     assert "models.tiny-s.scratch: hidden_size must be a multiple" in errors_of(default_raw)
 
 

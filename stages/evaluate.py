@@ -1,0 +1,163 @@
+"""Stage 5: sample n responses per benchmark problem, grade them, and report pass@k (METHODS §5–§6).
+
+    python -m stages.evaluate --config CFG --size NAME --method METHOD --seed K --bench BENCH \
+        --model results/<run>/models/size=NAME/base.json   (method "base")
+                results/<run>/train/size=NAME/method=METHOD/seed=K/model.json   (trained) \
+        --data results/<run>/data/dataset=BENCH/problems.parquet \
+        --out-dir results/<run>/eval/size=NAME/method=METHOD/seed=K/bench=BENCH
+
+Writes `samples.parquet` (one row per response) and `metrics.parquet` (one row per metric). The
+size, method, seed and benchmark are the hive keys of the output folder (and are kept in the
+provenance), so `pl.scan_parquet("results/<run>/eval/**/metrics.parquet", hive_partitioning=True)`
+reads every evaluation as one table. Sampling and the bootstrap are seeded by the run seed plus
+K; the bootstrap draws depend only on that seed and the number of problems, so the intervals of
+every model on one benchmark are paired.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+
+from . import cli
+from .config import Config, ConfigError
+from .core.io import ArtifactError, provenance, read_parquet, write_parquet
+from .core.metrics import Estimate, bootstrap_ci, summarise
+from .core.problems import PROBLEM_SCHEMA
+
+STAGE_VERSION = "1"
+
+# the parts of the config this stage reads (main_methods only shapes the tables)
+EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
+                 "grade_timeout_s", "batch_size")
+
+SAMPLE_SCHEMA = pa.schema(
+    [
+        pa.field("benchmark", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("sample_idx", pa.int32(), nullable=False),
+        pa.field("response", pa.string(), nullable=False),
+        pa.field("extracted", pa.string(), nullable=True),
+        pa.field("correct", pa.bool_(), nullable=False),
+        pa.field("grade_error", pa.string(), nullable=True),
+        pa.field("answer", pa.string(), nullable=False),
+        pa.field("answer_type", pa.string(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("response_tokens", pa.int32(), nullable=False),
+    ]
+)
+
+METRIC_SCHEMA = pa.schema(
+    [
+        pa.field("metric", pa.string(), nullable=False),  # pass@<k>, avg@n, answered, truncated
+        pa.field("k", pa.int32(), nullable=True),  # k of pass@k; null for the others
+        pa.field("value", pa.float64(), nullable=False),  # mean over problems, a fraction in [0, 1]
+        pa.field("ci_low", pa.float64(), nullable=False),  # 95% percentile bootstrap over problems
+        pa.field("ci_high", pa.float64(), nullable=False),
+        pa.field("n_problems", pa.int32(), nullable=False),
+        pa.field("n_samples", pa.int32(), nullable=False),  # samples per problem
+    ]
+)
+
+
+def config_keys(size: str, bench: str) -> tuple[str, ...]:
+    """The parts of the config one evaluation reads (its rule hashes the same ones). The method
+    and its training reach an evaluation only through the model file, the benchmark's source and
+    template only through the problems file: when those change, the files do."""
+    return (*(f"evaluate/{k}" for k in EVALUATE_KEYS), f"datasets/{bench}/role",
+            f"models/{size}/tensor_parallel_size", "seed")
+
+
+def metric_rows(samples: pl.DataFrame, k_list: list[int], resamples: int, seed: int) -> list[dict]:
+    """pass@k for each k, avg@n, and the fractions of answered and truncated responses.
+
+    `samples` needs `problem_id`, `correct`, `extracted` and `finish_reason`; problems keep the
+    order of their first appearance, so the bootstrap pairs the same problems across models.
+    """
+    per_problem = samples.group_by("problem_id", maintain_order=True).agg(
+        n=pl.len(),
+        c=pl.col("correct").sum(),
+        answered=pl.col("extracted").is_not_null().mean(),
+        truncated=(pl.col("finish_reason") == "length").mean(),
+    )
+    counts = list(zip(per_problem["n"].to_list(), per_problem["c"].to_list(), strict=True))
+    sizes = set(per_problem["n"].to_list())
+    if len(sizes) != 1:
+        raise ValueError(f"problems have different sample counts: {sorted(sizes)}")
+    n = sizes.pop()
+    estimates = summarise(counts, k_list, resamples, seed)
+    for name in ("answered", "truncated"):  # diagnostics, bootstrapped with the same draws
+        values = per_problem[name].to_list()
+        low, high = bootstrap_ci(values, resamples, seed)
+        estimates[name] = Estimate(sum(values) / len(values), low, high, len(values))
+    rows = []
+    for name, est in estimates.items():
+        k = int(name.split("@")[1]) if name.startswith("pass@") else None
+        rows.append({"metric": name, "k": k, "value": est.mean, "ci_low": est.low,
+                     "ci_high": est.high, "n_problems": est.n_problems, "n_samples": n})
+    return rows
+
+
+def main(args, cfg: Config) -> None:
+    from .core.backends import SamplingSettings, generate  # torch: only where sampling happens
+    from .core.grading import grade_many
+
+    if args.size not in cfg.models:
+        raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
+    if args.method != "base" and args.method not in cfg.methods:
+        raise ConfigError(f"--method {args.method!r}: neither 'base' nor a key of 'methods' "
+                          f"({sorted(cfg.methods)})")
+    if args.bench not in cfg.datasets or cfg.datasets[args.bench].role != "benchmark":
+        raise ConfigError(f"--bench {args.bench!r}: not a dataset with role 'benchmark'")
+    ev = cfg.evaluate
+    problems = read_parquet(args.data, PROBLEM_SCHEMA)
+    if problems.height == 0:
+        raise ArtifactError(f"{args.data}: the benchmark has no problems")
+    if problems["problem_id"].n_unique() != problems.height:
+        raise ArtifactError(f"{args.data}: problem ids are not unique")
+    seed = cfg.seed + args.seed
+    settings = SamplingSettings(
+        n=ev.n, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens,
+        seed=seed, batch_size=ev.batch_size,
+        tensor_parallel_size=cfg.models[args.size].tensor_parallel_size,
+    )
+    samples = generate(ev.backend, args.model, problems["prompt"].to_list(), settings,
+                       desc=f"eval {args.size}/{args.method}/{args.bench}")
+    golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
+    grades = grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],
+                        [types[s.prompt_idx] for s in samples], ev.grade_timeout_s)
+    ids = problems["problem_id"].to_list()
+    rows = [
+        {"benchmark": args.bench, "problem_id": ids[s.prompt_idx], "sample_idx": s.sample_idx,
+         "response": s.response, "extracted": g.extracted, "correct": g.correct,
+         "grade_error": g.error, "answer": golds[s.prompt_idx], "answer_type": types[s.prompt_idx],
+         "finish_reason": s.finish_reason, "response_tokens": len(s.response_token_ids)}
+        for s, g in zip(samples, grades, strict=True)
+    ]
+    table = pl.from_arrow(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
+    metrics = metric_rows(table, ev.k, ev.bootstrap, seed)
+
+    model_ref = json.loads(Path(args.model).read_text())
+    prov = provenance("evaluate", STAGE_VERSION, cfg.section_hash(*config_keys(args.size, args.bench)),
+                      seed, size=args.size, method=args.method, run_seed=args.seed, bench=args.bench,
+                      backend=ev.backend, model=str(args.model), model_ref=model_ref)
+    out = Path(args.out_dir)
+    write_parquet(table, out / "samples.parquet", SAMPLE_SCHEMA, prov)
+    write_parquet(metrics, out / "metrics.parquet", METRIC_SCHEMA, prov)
+    cli.log.info("%s/%s/seed=%d/%s: %s", args.size, args.method, args.seed, args.bench,
+                 ", ".join(f"{r['metric']} {r['value']:.3f}" for r in metrics))
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__.splitlines()[0])
+    p.add_argument("--size", required=True, help="a key of 'models'")
+    p.add_argument("--method", required=True, help="'base' or a key of 'methods'")
+    p.add_argument("--seed", required=True, type=int, help="the run seed K of the trained model")
+    p.add_argument("--bench", required=True, help="a benchmark dataset key")
+    p.add_argument("--model", required=True, help="model reference: base.json or model.json")
+    p.add_argument("--data", required=True, help="prepared benchmark problems (Parquet)")
+    p.add_argument("--out-dir", required=True, help="folder for samples.parquet and metrics.parquet")
+    cli.run(main, p)

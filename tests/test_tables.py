@@ -1,0 +1,376 @@
+"""The tables stage on small synthetic metric files with hand-computed expectations."""
+
+from __future__ import annotations
+
+import copy
+import types
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from stages.config import validate
+from stages.core import render
+from stages.core.io import provenance, write_parquet
+from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA
+from stages.tables import (
+    main,
+    method_groups,
+    method_label,
+    output_names,
+    pass_at_k_curves,
+)
+from tests.conftest import ROOT, run_stage, write_yaml
+
+BENCHES = ["arith-easy", "arith-mid", "arith-hard"]
+# pass@4 of tiny-s; tiny-m adds 0.10 (ICT 0.12); pass@1 is half of pass@4
+PASS4 = {
+    "base": [0.20, 0.10, 0.00],
+    "grpo": [0.50, 0.40, 0.10],
+    "entropy20": [0.55, 0.35, 0.12],
+    "stapo": [0.45, 0.42, 0.08],
+    "ict": [0.60, 0.38, 0.15],
+    "ict-rho0.05": [0.52, 0.30, 0.05],
+    "random10": [0.30, 0.20, 0.02],
+}
+MISSING_CELL = ("tiny-m", "stapo", "arith-hard")  # no evaluation: "—" and no average
+
+
+def value(size, method, bench, k):
+    v = PASS4[method][BENCHES.index(bench)]
+    if size == "tiny-m":
+        v += 0.12 if method == "ict" else 0.10
+    return v if k == 4 else v / 2
+
+
+def config(default_raw, ablations=True):
+    raw = copy.deepcopy(default_raw)
+    raw["experiment"]["methods"] = ["grpo", "entropy20", "stapo", "ict"] + (
+        ["ict-rho0.05", "random10"] if ablations else [])
+    raw["evaluate"]["main_methods"] = ["grpo", "entropy20", "stapo", "ict"]
+    # the printed names, fixed here so that the expectations do not follow the default config
+    raw["models"]["tiny-s"]["label"], raw["models"]["tiny-m"]["label"] = "Tiny-S", "Tiny-M"
+    for bench, label in zip(BENCHES, ["Easy", "Mid", "Hard"], strict=True):
+        raw["datasets"][bench]["label"] = label
+    for method, label in [("grpo", "GRPO"), ("entropy20", "20-Entropy"), ("stapo", "STAPO"),
+                          ("ict", "ICT (token_id, ours)")]:
+        raw["methods"][method]["label"] = label
+    raw["methods"]["ict-rho0.05"].pop("label", None)
+    return raw
+
+
+def write_eval(root: Path, size, method, bench) -> Path:
+    d = root / "eval" / f"size={size}" / f"method={method}" / "seed=0" / f"bench={bench}"
+    prov = provenance("evaluate", "1", f"hash-{size}-{method}-{bench}", 0)
+    rows = [{"metric": f"pass@{k}", "k": k, "value": value(size, method, bench, k),
+             "ci_low": value(size, method, bench, k) - 0.05, "ci_high": value(size, method, bench, k) + 0.05,
+             "n_problems": 2, "n_samples": 8} for k in (1, 4)]
+    write_parquet(rows, d / "metrics.parquet", METRIC_SCHEMA, prov)
+    # two problems with 8 samples: 2 and 0 correct
+    samples = [{"benchmark": bench, "problem_id": f"p{i}", "sample_idx": j, "response": "#### 1",
+                "extracted": "1", "correct": i == 0 and j < 2, "grade_error": None, "answer": "1",
+                "answer_type": "math", "finish_reason": "stop", "response_tokens": 3}
+               for i in range(2) for j in range(8)]
+    write_parquet(samples, d / "samples.parquet", SAMPLE_SCHEMA, prov)
+    return d
+
+
+def write_train(root: Path, size, method) -> Path:
+    d = root / "train" / f"size={size}" / f"method={method}" / "seed=0"
+    schema = pa.schema([(c, pa.float64()) for c in
+                        ("reward_mean", "entropy_mean", "renyi2_mean", "selected_fraction")])
+    schema = schema.insert(0, pa.field("step", pa.int64()))
+    rows = [{"step": s, "reward_mean": 0.1 * s, "entropy_mean": 0.5 / (s + 1), "renyi2_mean": 0.3 / (s + 1),
+             "selected_fraction": 0.2} for s in range(4)]
+    write_parquet(rows, d / "metrics.parquet", schema, provenance("train", "1", f"t-{size}-{method}", 0))
+    return d
+
+
+def write_token_stats(root: Path, size, frac_low) -> Path:
+    d = root / "token_stats" / f"size={size}"
+    names = ["samples", "tokens", "rollout_accuracy", "temperature", "frac_entropy_below_0.01",
+             "entropy_p80", "entropy_mean", "renyi2_mean", "jsd_mean", "logprob_mean",
+             "selected_fraction_entropy20", "selected_fraction_stapo", "selected_fraction_ict",
+             "jaccard_entropy20_stapo", "jaccard_entropy20_ict", "jaccard_stapo_ict"]
+    schema = pa.schema([pa.field("size", pa.string())] + [
+        pa.field(n, pa.int64() if n in ("samples", "tokens") else pa.float64()) for n in names])
+    row = {"size": size, "samples": 64, "tokens": 12345, "rollout_accuracy": 0.3, "temperature": 1.0,
+           "frac_entropy_below_0.01": frac_low, "entropy_p80": 0.5, "entropy_mean": 0.25,
+           "renyi2_mean": 0.2, "jsd_mean": 0.1, "logprob_mean": -0.3,
+           "selected_fraction_entropy20": 0.2, "selected_fraction_stapo": 0.9999,
+           "selected_fraction_ict": 0.31, "jaccard_entropy20_stapo": 0.2,
+           "jaccard_entropy20_ict": 0.4, "jaccard_stapo_ict": 0.3}
+    prov = provenance("token_stats", "1", f"ts-{size}", 0)
+    write_parquet([row], d / "summary.parquet", schema, prov)
+    tokens = pa.schema([pa.field("entropy", pa.float32())])
+    write_parquet([{"entropy": e} for e in (0.001, 0.005, 0.2, 0.9, 1.5, 0.0)], d / "tokens.parquet",
+                  tokens, prov)
+    return d
+
+
+def build(root: Path, raw: dict):
+    cfg = validate(raw, "test")
+    evals = [write_eval(root, s, m, b) for s in cfg.experiment.sizes
+             for m in ["base", *cfg.experiment.methods] for b in BENCHES
+             if (s, m, b) != MISSING_CELL]
+    train = [write_train(root, s, m) for s in cfg.experiment.sizes for m in ["grpo", "ict"]]
+    stats = [write_token_stats(root, "tiny-s", 0.55)]  # tiny-m has none: its row is all "—"
+    args = types.SimpleNamespace(eval=[str(d) for d in evals], train=[str(d) for d in train],
+                                 token_stats=[str(d) for d in stats],
+                                 tables_dir=str(root / "tables"), figures_dir=str(root / "figures"))
+    return cfg, args
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    import yaml
+
+    root = tmp_path_factory.mktemp("tables")
+    raw = config(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    cfg, args = build(root, raw)
+    main(args, cfg)
+    return root, cfg
+
+
+def md_rows(text: str, title_part: str) -> list[list[str]]:
+    """The body rows of the Markdown table whose title contains `title_part`."""
+    block = text.split("### ")
+    table = next(b for b in block if b.strip() and title_part in b.splitlines()[0])
+    lines = [ln for ln in table.splitlines() if ln.startswith("|")][2:]
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines]
+
+
+def test_every_declared_output_is_written(rendered):
+    root, cfg = rendered
+    names = output_names(cfg)
+    for name in names["tables"]:
+        assert (root / "tables" / name).stat().st_size > 0, name
+    for name in names["figures"]:
+        assert (root / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert "ablation.md" in names["tables"] and "training_tiny-m.png" in names["figures"]
+
+
+def test_main_table_values_bold_averages_and_delta(rendered):
+    root, _ = rendered
+    rows = md_rows((root / "tables" / "main_pass4.md").read_text(), "Main results: pass@4")
+    assert [r[1] for r in rows[:5]] == ["Base model", "GRPO", "20-Entropy", "STAPO", "ICT (token_id, ours)"]
+    assert rows[0][0] == "Tiny-S" and rows[1][0] == "" and rows[5][0] == "Tiny-M"
+    tiny_s = {r[1]: r[2:] for r in rows[:5]}
+    # bold: best per size and column (ICT on easy and hard and the average, STAPO on mid)
+    assert tiny_s["ICT (token_id, ours)"] == ["**60.0**", "38.0", "**15.0**", "**37.7**", "+4.3"]
+    assert tiny_s["STAPO"] == ["45.0", "**42.0**", "8.0", "31.7", "-1.7"]
+    assert tiny_s["GRPO"] == ["50.0", "40.0", "10.0", "33.3", "ref."]
+    assert tiny_s["Base model"] == ["20.0", "10.0", "0.0", "10.0", "-23.3"]
+    tiny_m = {r[1]: r[2:] for r in rows[5:10]}
+    # a missing evaluation: "—", no average, no Δ
+    assert tiny_m["STAPO"] == ["55.0", "**52.0**", "—", "—", "—"]
+    assert tiny_m["ICT (token_id, ours)"] == ["**72.0**", "50.0", "**27.0**", "**49.7**", "+6.3"]
+    # ablation methods stay out of the main table
+    assert not any("rho0.05" in r[1] or "random" in r[1] for r in rows)
+    pass1 = md_rows((root / "tables" / "main_pass1.md").read_text(), "Main results: pass@1")
+    assert pass1[4][2:] == ["**30.0**", "19.0", "**7.5**", "**18.8**", "+2.2"]
+
+
+def test_ict_gains_beside_the_paper_headline(rendered):
+    root, _ = rendered
+    text = (root / "tables" / "main_pass4.md").read_text()
+    rows = md_rows(text, "ICT against the baselines, pass@4")
+    by_baseline = {r[1]: r for r in rows}
+    # ICT - GRPO: tiny-s +10, -2, +5; tiny-m +12, 0, +7 -> mean 32/6, max 12 (Tiny-M, Easy)
+    assert by_baseline["GRPO"][2:6] == ["6/6", "+5.33", "+12.0", "Tiny-M, Easy"]
+    # STAPO misses one cell: no average over an incomplete set
+    assert by_baseline["STAPO"][2:5] == ["5/6", "—", "—"]
+    assert by_baseline["GRPO, 20-Entropy, STAPO"][-1] == "+4.58% avg, +14.9% max"
+    assert "Paper: ICT abstract" in text and "no aggregation rule are published" in text
+    gains = pl.read_csv(root / "tables" / "ict_gains_pass4.csv")
+    assert gains.height == 17
+    grpo = gains.filter(pl.col("baseline") == "grpo")
+    assert grpo["gain"].sum() == pytest.approx(32.0)
+    # the pass@1 version has no paper column: the paper reports pass@4 only
+    assert "+4.58%" not in (root / "tables" / "main_pass1.md").read_text()
+
+
+def test_csv_keeps_numbers_intervals_and_their_files(rendered):
+    root, _ = rendered
+    csv = pl.read_csv(root / "tables" / "main_pass4.csv")
+    row = csv.filter((pl.col("size") == "tiny-s") & (pl.col("method") == "ict")).row(0, named=True)
+    assert row["arith-easy"] == pytest.approx(60.0)
+    assert (row["arith-easy_ci_low"], row["arith-easy_ci_high"]) == pytest.approx((55.0, 65.0))
+    assert row["arith-easy_delta_vs_grpo"] == pytest.approx(10.0)
+    assert row["avg"] == pytest.approx(113 / 3)
+    assert row["best_in_size"] == "arith-easy;arith-hard;avg"
+    files = row["sources"].split(";")
+    assert len(files) == 3 and all(Path(f).exists() for f in files)
+    assert any("size=tiny-s/method=ict/seed=0/bench=arith-easy/metrics.parquet" in f for f in files)
+    missing = csv.filter((pl.col("size") == "tiny-m") & (pl.col("method") == "stapo")).row(0, named=True)
+    assert missing["arith-hard"] is None and missing["avg"] is None
+    sources = pl.read_csv(root / "tables" / "sources.csv")
+    hit = sources.filter(pl.col("file").str.contains("size=tiny-s/method=ict/seed=0/bench=arith-easy/metrics"))
+    assert hit["config_hash"].to_list() == ["hash-tiny-s-ict-arith-easy"]
+    assert set(sources["stage"]) == {"evaluate", "train", "token_stats"}
+    long = pl.read_csv(root / "tables" / "eval_long.csv")
+    assert long.height == (2 * 7 * 3 - 1) * 2 and {"size", "method", "seed", "bench", "source"} <= set(long.columns)
+
+
+def test_latex_is_booktabs_with_escapes(rendered):
+    root, _ = rendered
+    tex = (root / "tables" / "main_pass4.tex").read_text()
+    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 2  # main table and the gains
+    assert r"\textbf{60.0}" in tex and r"ICT (token\_id, ours)" in tex
+    assert r"$\Delta$ Avg. vs GRPO" in tex and r"pass@4 (\%)" in tex
+    body = tex.split(r"\begin{tabular}")[1].split(r"\end{tabular}")[0]
+    assert body.count(r"\midrule") == 2  # under the header and between the sizes
+    for line in body.splitlines()[2:]:
+        if line.endswith(r"\\"):
+            assert line.count(" & ") == 6
+
+
+def test_token_statistics_table(rendered):
+    root, _ = rendered
+    rows = md_rows((root / "tables" / "token_stats.md").read_text(), "Token statistics")
+    assert rows[0][:5] == ["Tiny-S", "12,345", "55.0", "0.500", "0.250"]
+    assert rows[0][5:8] == ["20.0", "99.99", "31.0"]
+    assert rows[1][1:] == ["—"] * 10  # no token statistics for tiny-m
+    assert rows[2][2:4] == ["> 50", "0.672"] and rows[2][0].startswith("paper")
+
+
+def test_ablation_table(rendered):
+    root, cfg = rendered
+    rows = md_rows((root / "tables" / "ablation.md").read_text(), "Ablations")
+    methods = [r[1] for r in rows]
+    # the ICT family in ρ order, the main ICT method among them
+    assert methods == ["GRPO", "ict-rho0.05 [token_id, ours]", "ICT (token_id, ours)", "random10"]
+    assert [r[0] for r in rows] == ["reference", "ICT", "", "controls"]
+    rho = rows[1]
+    assert rho[2] == "ict, ρ=0.05, token_id"
+    # tiny-s: pass@4 avg (0.52 + 0.30 + 0.05) / 3, pass@1 half of it, Δ@4 against GRPO's 33.3
+    assert rho[3:6] == ["29.0", "14.5", "-4.3"]
+    assert rows[2][3] == "**37.7**"  # best pass@4 of tiny-s among the ablation rows
+    assert rows[0][5] == "ref." or rows[0][5] == "—"
+    csv = pl.read_csv(root / "tables" / "ablation.csv")
+    assert csv.filter(pl.col("method") == "random10")["in_main_table"].to_list() == [False]
+
+
+def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
+    cfg, args = build(tmp_path, config(default_raw, ablations=False))
+    main(args, cfg)
+    assert "ablation.md" not in output_names(cfg)["tables"]
+    assert not (tmp_path / "tables" / "ablation.md").exists()
+    assert "Ablations" not in (tmp_path / "tables" / "tables.md").read_text()
+    html = (tmp_path / "tables" / "tables.html").read_text()
+    assert "<b>60.0</b>" in html and html.count("<table>") == 5  # 2 main, 2 gains, token stats
+
+
+def test_a_path_without_hive_keys_is_an_error(tmp_path, default_raw):
+    cfg_file = write_yaml(tmp_path / "cfg.yaml", default_raw)
+    (tmp_path / "flat").mkdir()
+    proc = run_stage("tables", "--config", str(cfg_file), "--eval", str(tmp_path / "flat"),
+                     "--tables-dir", str(tmp_path / "t"), "--figures-dir", str(tmp_path / "f"))
+    assert proc.returncode == 2
+    assert "the path names no size=, method=, seed=, bench=" in proc.stderr
+
+
+def test_method_labels_and_groups(default_raw):
+    cfg = validate(config(default_raw), "test")
+    assert method_label(cfg, "base") == "Base model"
+    assert method_label(cfg, "ict") == "ICT (token_id, ours)"
+    assert method_label(cfg, "ict-rho0.05") == "ict-rho0.05 [token_id, ours]"
+    assert method_groups(cfg) == (["grpo", "entropy20", "stapo", "ict"], ["ict-rho0.05", "random10"])
+    raw = config(default_raw)
+    raw["evaluate"]["main_methods"] = ["grpo", "ppo"]
+    with pytest.raises(Exception, match=r"evaluate.main_methods.1: 'ppo' is not in experiment.methods"):
+        validate(raw, "test")
+
+
+def test_pass_at_k_curves_by_hand():
+    counts = pl.DataFrame({"size": ["s", "s"], "method": ["m", "m"], "seed": [0, 0],
+                           "bench": ["b", "b"], "problem_id": ["p", "q"], "n": [4, 4], "c": [1, 0]})
+    curve = pass_at_k_curves(counts)
+    assert curve["k"].to_list() == [1, 2, 3, 4]
+    # one correct of four: pass@k = k/4 for that problem, 0 for the other
+    assert curve["value"].to_list() == pytest.approx([0.125, 0.25, 0.375, 0.5])
+
+
+def test_glob_and_latex_escape():
+    paths = ["r/eval/size=a/method=x/seed=0/bench=e/metrics.parquet",
+             "r/eval/size=b/method=x/seed=0/bench=f/metrics.parquet"]
+    assert render.glob_of(paths) == "r/eval/size=*/method=x/seed=0/bench=*/metrics.parquet"
+    assert render.latex_escape("a_b 50% Δ ρ=0.1 — #1 {x}") == r"a\_b 50\% $\Delta$ $\rho$=0.1 --- \#1 \{x\}"
+
+
+@pytest.mark.skipif(not (ROOT / "workflow" / "rules" / "train.smk").exists(),
+                    reason="the training rules (issue 4) are not in the workflow yet")
+@pytest.mark.parametrize("name, evaluations", [("test.yaml", 1 * 3 * 1 * 1), ("paper.yaml", 3 * 5 * 1 * 7)])
+def test_dry_run_reaches_the_tables(tmp_path, monkeypatch, name, evaluations):
+    """`rule all` ends at the tables: every size x (base + methods) x seed x benchmark is evaluated."""
+    from tests.test_workflow import job_counts, snakemake
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a dry run needs no network
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+    proc = snakemake("-n", "-p", "--configfile", str(ROOT / "config" / name), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["evaluate"] == evaluations and counts["tables"] == 1 and counts["all"] == 1
+    # each evaluation is the stage's CLI, printed so that it can be rerun by hand
+    run = name.split(".")[0]
+    for method, model in [("base", f"results/{run}/models/size={{s}}/base.json"),
+                          ("ict", f"results/{run}/train/size={{s}}/method=ict/seed=0/model.json")]:
+        size = "tiny-s" if run == "test" else "qwen2.5-7b"
+        assert (f"-m stages.evaluate --config results/{run}/resolved_config.yaml --size {size} "
+                f"--method {method} --seed 0") in proc.stdout
+        assert f"--model {model.format(s=size)}" in proc.stdout
+
+
+def test_cells_average_seeds_and_need_all_of_them():
+    from stages.tables import cells
+
+    rows = [("s", "m", 0, "b", 0.2), ("s", "m", 1, "b", 0.4), ("s", "m", 0, "c", 0.5),
+            ("s", "m", 7, "c", 0.9)]  # seed 7 is not in the grid
+    metrics = pl.DataFrame([{"size": a, "method": m, "seed": k, "bench": b, "metric": "pass@4",
+                             "value": v, "ci_low": v - 0.1, "ci_high": v + 0.1, "source": f"{k}{b}"}
+                            for a, m, k, b, v in rows])
+    out = cells(metrics, "pass@4", [0, 1])
+    assert out["s", "m", "b"].value == pytest.approx(0.3) and out["s", "m", "b"].seeds == 2
+    assert out["s", "m", "b"].ci_low is None  # an interval of one seed does not hold for the mean
+    assert ("s", "m", "c") not in out  # seed 1 missing
+    single = cells(metrics, "pass@4", [0])
+    assert single["s", "m", "c"].value == 0.5 and single["s", "m", "c"].ci_low == pytest.approx(0.4)
+
+
+@pytest.mark.slow
+def test_rule_tables_and_the_snakemake_report(tmp_path):
+    """The rule runs on existing inputs, then reruns nothing, and the report holds its outputs."""
+    import json
+    import re
+
+    from tests.test_workflow import snakemake
+
+    root = tmp_path / "results" / "test"
+    for method in ["base", "grpo", "ict"]:  # config/test.yaml: tiny-s, arith-easy, seed 0
+        write_eval(root, "tiny-s", method, "arith-easy")
+    for method in ["grpo", "ict"]:
+        write_train(root, "tiny-s", method)
+    write_token_stats(root, "tiny-s", 0.4)
+    cfg = str(ROOT / "config" / "test.yaml")
+    proc = snakemake("tables", "--cores", "1", "--configfile", cfg, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (root / "tables" / "main_pass4.md").exists() and (root / "figures" / "pass_at_k_tiny-s.png").exists()
+    again = snakemake("tables", "-n", "--configfile", cfg, cwd=tmp_path)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    proc = snakemake("tables", "--report", "report.html", "--configfile", cfg, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (tmp_path / "report.html").read_text()
+    categories = json.loads(re.search(r"var categories = (\{.*?\});\n", page).group(1))
+    assert set(categories) == {"Tables", "Figures"}
+    assert "results/test/tables/tables.html" in categories["Tables"]["all tables"]
+    assert categories["Figures"]["training curves"] == ["results/test/figures/training_tiny-s.png"]
+    assert "against k (1 to n, unbiased estimator)" in page  # a caption (docutils escapes the @)
+
+
+def test_bold_marks_every_tied_best_and_nothing_in_a_flat_column():
+    block = [[0.5, 0.0, None, 0.30], [0.5, 0.0, 0.2, 0.2999], [0.4, 0.0, None, 0.1]]
+    # column 0: a tie; 1: all equal; 2: a lone value; 3: equal once shown to 1 decimal (30.0)
+    assert render.bold_best(block) == [[True, False, False, True], [True, False, False, True],
+                                       [False, False, False, False]]
