@@ -17,6 +17,9 @@ include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/base_model.smk"
 include: "workflow/rules/rollout.smk"
 include: "workflow/rules/token_stats.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/tables.smk"
 
 
 rule all:

@@ -227,9 +227,11 @@ class Method(Strict):
 class Loss(Strict):
     """Clipped surrogate and its aggregation (METHODS §4)."""
 
-    eps_low: float = Field(0.2, ge=0)
-    eps_high: float = Field(0.28, ge=0)
-    denominator: Literal["selected", "all", "sequence"] = "selected"
+    eps_low: float = Field(0.2, ge=0, lt=1, description="clip ratio below 1 (r ≥ 1 − eps_low)")
+    eps_high: float = Field(0.28, ge=0, description="clip ratio above 1 (r ≤ 1 + eps_high; DAPO clip-higher)")
+    denominator: Literal["selected", "all", "sequence"] = Field(
+        "selected", description="loss normaliser: selected tokens, all valid tokens, or per sequence"
+    )
     kl_beta: float = Field(0.0, ge=0, description="k3 KL to the base model (0 = off)")
     dual_clip: float | None = Field(None, gt=1, description="verl dual-clip c (None = off)")
 
@@ -242,25 +244,50 @@ class Train(Strict):
     group_size: int = Field(8, gt=1, description="responses per prompt (G)")
     mini_batch_prompts: int = Field(32, gt=0, description="prompts per optimizer mini-batch")
     micro_batch_size: int = Field(8, gt=0, description="sequences per forward/backward")
+    ppo_epochs: int = Field(1, gt=0, description="passes over each rollout batch (one optimizer step per mini-batch)")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warm-up)")
-    warmup_steps: int = Field(10, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(10, ge=0, description="rollout steps of linear learning-rate warm-up")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay (all parameters)")
+    grad_clip: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
     temperature: float = Field(1.0, gt=0, description="rollout temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_response_tokens: int = Field(4096, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="rollout nucleus sampling")
+    max_response_tokens: int = Field(4096, gt=0, description="rollout generation limit")
+    prompt_pool: int | None = Field(
+        None, gt=0, description="train on the first N prompts of the prompt file only (None: all)"
+    )
+    backend: Literal["hf", "vllm"] = Field("hf", description="rollout backend: hf (transformers) or vllm (GPU)")
+    generation_batch_size: int = Field(64, gt=0, description="sequences per generate() call (hf backend)")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, lt=1, description="GPU memory share of the vLLM engine that shares the GPU with training"
+    )
     loss: Loss = Field(default_factory=Loss)
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups with equal rewards")
+    max_sampling_rounds: int = Field(
+        3, gt=0, description="DAPO: most sampling rounds per step to fill the batch with useful groups"
+    )
     overlong_buffer: int | None = Field(None, gt=0, description="DAPO overlong penalty length")
-    reward_correct: float = 1.0
-    reward_incorrect: float = 0.0
+    reward_correct: float = Field(1.0, description="reward of a correct response")
+    reward_incorrect: float = Field(0.0, description="reward of an incorrect response")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision (bfloat16: DeepSpeed bf16)")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
     checkpoint_every: int = Field(10, gt=0, description="resume checkpoint every N steps")
+
+    @model_validator(mode="after")
+    def _batches_divide(self) -> Train:
+        if self.mini_batch_prompts > self.prompts_per_step or self.prompts_per_step % self.mini_batch_prompts:
+            raise ValueError(
+                f"prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_batch_prompts"
+                f" ({self.mini_batch_prompts})"
+            )
+        if self.overlong_buffer is not None and self.overlong_buffer > self.max_response_tokens:
+            raise ValueError("overlong_buffer must not exceed max_response_tokens")
+        return self
 
 
 class Evaluate(Strict):
     """Benchmark evaluation (METHODS §6, §8)."""
 
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers; vllm: GPU")
     n: int = Field(8, gt=0, description="samples per problem")
     temperature: float = Field(0.6, gt=0)
     top_p: float = Field(0.95, gt=0, le=1)
@@ -269,12 +296,70 @@ class Evaluate(Strict):
     bootstrap: int = Field(1000, gt=0, description="bootstrap resamples for the 95% interval")
     grade_timeout_s: float = Field(5.0, gt=0, description="hard limit of one grading call")
     batch_size: int = Field(64, gt=0, description="sequences per generation batch (hf)")
+    main_methods: list[Name] | None = Field(
+        None, min_length=1, description="methods of the main table; other experiment methods form the ablation table (default: all)"
+    )
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> Evaluate:
         if not self.k or min(self.k) < 1 or max(self.k) > self.n:
             raise ValueError(f"every k must be in [1, n={self.n}]")
         return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler resources (GPUs are per model size: models.<size>.gpus)
+# ---------------------------------------------------------------------------------------------
+
+
+class ResourceOverride(Strict):
+    """A model size's changes to a rule's request; an unset field keeps the rule's value."""
+
+    cpus: int | None = Field(None, gt=0, description="CPU cores")
+    mem_mb: int | None = Field(None, gt=0, description="memory in MB")
+    runtime: int | None = Field(None, gt=0, description="walltime in minutes")
+
+
+class RuleResources(Strict):
+    """What each job of one rule asks the scheduler for."""
+
+    cpus: int = Field(1, gt=0, description="CPU cores: the stage's threads and SLURM cpus-per-task")
+    mem_mb: int = Field(4000, gt=0, description="memory of the job in MB (SLURM --mem)")
+    runtime: int = Field(60, gt=0, description="walltime in minutes (SLURM --time)")
+
+
+class SizedRuleResources(RuleResources):
+    """A rule that runs once per model size; `sizes` overrides its request for some sizes."""
+
+    sizes: dict[Name, ResourceOverride] = Field(
+        default_factory=dict, description="model size -> changes to this rule's request"
+    )
+
+    def for_size(self, size: str) -> RuleResources:
+        """The request of this rule's jobs for one model size."""
+        base = {k: getattr(self, k) for k in RuleResources.model_fields}
+        if size in self.sizes:
+            base.update(self.sizes[size].model_dump(exclude_none=True))
+        return RuleResources(**base)
+
+
+class Resources(Strict):
+    """CPUs, memory and walltime per rule, read by the rules' `resources:` (workflow/rules/common.smk).
+
+    The defaults fit the embedded CPU default; config/paper.yaml sets cluster-sized values."""
+
+    prepare_data: RuleResources = Field(default_factory=RuleResources)
+    base_model: SizedRuleResources = Field(default_factory=SizedRuleResources)
+    rollout: SizedRuleResources = Field(default_factory=SizedRuleResources)
+    token_stats: SizedRuleResources = Field(default_factory=SizedRuleResources)
+    train: SizedRuleResources = Field(default_factory=SizedRuleResources)
+    evaluate: SizedRuleResources = Field(default_factory=SizedRuleResources)
+    tables: RuleResources = Field(default_factory=RuleResources)
+
+    def of(self, rule: str, size: str | None = None) -> RuleResources:
+        """The request of one rule's jobs (for one model size where the rule runs per size)."""
+        spec = getattr(self, rule)
+        return spec.for_size(size) if isinstance(spec, SizedRuleResources) and size else spec
 
 
 class Experiment(Strict):
@@ -302,6 +387,7 @@ class Config(Strict):
     token_stats: TokenStats = Field(default_factory=TokenStats)
     train: Train = Field(default_factory=Train)
     evaluate: Evaluate = Field(default_factory=Evaluate)
+    resources: Resources = Field(default_factory=Resources)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Config:
@@ -318,10 +404,18 @@ class Config(Strict):
         check("experiment.methods", exp.methods, self.methods)
         check("experiment.benchmarks", exp.benchmarks, self.datasets, "benchmark")
         check("experiment.train_dataset", [exp.train_dataset], self.datasets, "train")
+        for i, name in enumerate(self.evaluate.main_methods or []):
+            if name not in exp.methods:
+                raise _RefError(f"evaluate.main_methods.{i}", f"{name!r} is not in experiment.methods")
         if any(self.models[s].source == "scratch" for s in exp.sizes):
             if exp.sft_dataset is None:
                 raise _RefError("experiment.sft_dataset", "scratch models need an SFT dataset")
             check("experiment.sft_dataset", [exp.sft_dataset], self.datasets, "sft")
+        for rule in Resources.model_fields:
+            spec = getattr(self.resources, rule)
+            for size in getattr(spec, "sizes", {}):
+                if size not in self.models:
+                    raise _RefError(f"resources.{rule}.sizes.{size}", f"unknown model size {size!r}; defined: {sorted(self.models)}")
         for name, ds in self.datasets.items():
             if ds.template not in self.templates:
                 raise _RefError(f"datasets.{name}.template", f"unknown template {ds.template!r}")

@@ -24,3 +24,102 @@ def group_advantages(rewards: Tensor, groups: Tensor) -> Tensor:
     std = torch.sqrt(sq / (size - 1).clamp(min=1))
     adv = dev / (std[inverse] + ADV_EPS)
     return torch.where(std[inverse] > 0, adv, torch.zeros_like(adv))
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy loss (METHODS §4). Every function maps per-token tensors to per-token tensors or a
+# scalar; the trainer sums weighted per-token terms over micro-batches and ranks, so the loss of
+# a mini-batch does not depend on how it is split.
+# ---------------------------------------------------------------------------------------------
+DENOMINATORS = ("selected", "all", "sequence")
+
+
+def clipped_surrogate(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """PPO-clip per token: (ℓ = −min(r Â, clip(r, 1−ε_low, 1+ε_high) Â), clipped) with r = exp(logp − logp_old).
+
+    All arguments broadcast to one shape. `clipped` (bool) marks the tokens where the clipped
+    branch is the active one (its gradient is 0), the PPO "clip fraction". With dual_clip = c
+    (verl's dual-clip, c > 1), tokens with Â < 0 are bounded by ℓ ≤ −c Â, so a huge ratio on a
+    bad token cannot dominate; those tokens count as clipped too.
+    """
+    ratio = torch.exp(logprob - old_logprob)
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped_loss)
+    clipped = clipped_loss > unclipped
+    if dual_clip is not None:
+        if not dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        bound = -advantages * dual_clip
+        capped = (advantages < 0) & (loss > bound)
+        loss = torch.where(capped, bound, loss)
+        clipped = clipped | capped
+    return loss, clipped
+
+
+def k3_kl(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k3 estimator of KL(π_θ ‖ π_ref) per token: e^{ref−logp} − (ref−logp) − 1 ≥ 0 (nats)."""
+    delta = ref_logprob - logprob
+    return torch.exp(delta) - delta - 1.0
+
+
+def loss_weights(
+    selected: Tensor,
+    valid: Tensor,
+    denominator: str,
+    *,
+    n_selected: float | None = None,
+    n_valid: float | None = None,
+    n_sequences: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Weights w (B, T) with L = Σ w ℓ for per-token losses ℓ (B, T); 0 wherever not selected.
+
+    selected and valid are (B, T) masks (selected ⊆ valid). `denominator`:
+    - ``selected``: w = m / Σ m (the mean over selected tokens);
+    - ``all``: w = m / N_valid (the sum over selected tokens, over all valid tokens);
+    - ``sequence``: w = m_i,t / (Σ_t m_i,t · B): the mean over each sequence's selected tokens, then
+      over the B sequences (a sequence with nothing selected contributes 0 but still counts).
+    The counts default to those of the given tensors; pass the totals of the whole scope
+    (all micro-batches and ranks) when this is one part of it. Zero counts give zero weights.
+    Weights are in `dtype` (use the loss's: float64 in reference tests).
+    """
+    if denominator not in DENOMINATORS:
+        raise ValueError(f"unknown loss denominator {denominator!r}; known: {list(DENOMINATORS)}")
+    m = ((selected != 0) & (valid != 0)).to(dtype)
+    if denominator == "selected":
+        z = float(m.sum()) if n_selected is None else float(n_selected)
+        return m / z if z > 0 else torch.zeros_like(m)
+    if denominator == "all":
+        z = float((valid != 0).sum()) if n_valid is None else float(n_valid)
+        return m / z if z > 0 else torch.zeros_like(m)
+    b = float(selected.shape[0]) if n_sequences is None else float(n_sequences)
+    if b <= 0:
+        return torch.zeros_like(m)
+    per_seq = m.sum(dim=1, keepdim=True)  # (B, 1) selected tokens of each sequence
+    return m / (per_seq.clamp_min(1.0) * b)  # rows with nothing selected stay 0
+
+
+def aggregate_loss(token_loss: Tensor, selected: Tensor, valid: Tensor, denominator: str) -> Tensor:
+    """L = Σ w ℓ over one whole scope (see :func:`loss_weights`); masked tokens enter with weight 0
+    and, being multiplied rather than indexed out, still receive an exact zero gradient."""
+    w = loss_weights(selected, valid, denominator, dtype=token_loss.dtype)
+    return (torch.where(w != 0, token_loss, torch.zeros_like(token_loss)) * w).sum()
+
+
+def overlong_penalty(lengths: Tensor, max_length: int, buffer: int) -> Tensor:
+    """DAPO's soft overlong penalty per response: min(−(L − (L_max − L_buf)) / L_buf, 0), ≥ −1.
+
+    0 up to L_max − L_buf tokens, then falling linearly to −1 at L_max (and beyond).
+    """
+    if not 0 < buffer <= max_length:
+        raise ValueError(f"overlong buffer must lie in (0, max_length={max_length}], got {buffer}")
+    excess = lengths.to(torch.float64) - (max_length - buffer)
+    return torch.clamp(-excess / buffer, min=-1.0, max=0.0)

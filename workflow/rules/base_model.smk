@@ -15,7 +15,9 @@ rule base_model:
         config_hash=lambda w: config_hash(f"models/{w.size}", "seed"),
     log:
         f"{RESULTS}/logs/base_model/{{size}}.log",
-    threads: 1
+    threads: job_threads("base_model")
+    resources:
+        **job_resources("base_model"),
     shell:
         "{params.py} -m stages.base_model --config {params.config} --size {wildcards.size}"
         " {params.data} --out-dir {params.out_dir} --threads {threads} 2>&1 | tee {log}"

@@ -3,7 +3,7 @@ import sys
 
 import yaml
 
-from stages.config import ConfigError, digest, validate
+from stages.config import ConfigError, Gpus, validate
 
 # --configfile replaces the embedded default rather than being merged into it.
 if not workflow.overwrite_configfiles:
@@ -25,14 +25,18 @@ SCRATCH_SIZES = [s for s in EXP.sizes if CFG.models[s].source == "scratch"]
 
 
 def resolved_config():
-    """The validated config (defaults filled in) as one file the stages read; named by its hash."""
-    resolved = CFG.model_dump(mode="json")
-    path = f"{RESULTS}/config/{digest(resolved)}.yaml"
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    """The validated config, defaults filled in, as the one file every job reads.
+
+    Its path never changes, so it is no reason to rerun a job; what is (the parts of the config a
+    job reads) is each rule's `config_hash` parameter. Rewritten only when the content changes.
+    """
+    text = yaml.safe_dump(CFG.model_dump(mode="json"), sort_keys=False)
+    path = f"{RESULTS}/resolved_config.yaml"
+    if not os.path.exists(path) or open(path).read() != text:
+        os.makedirs(RESULTS, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as fh:
-            yaml.safe_dump(resolved, fh, sort_keys=False)
+            fh.write(text)
         os.replace(tmp, path)
     return path
 
@@ -80,17 +84,61 @@ def figures_dir():
 
 
 def final_targets():
-    """The targets of the default run: the last artifacts of the stages that exist."""
-    return (
-        [data_path(d) for d in CFG.used_datasets()]
-        + [base_ref(s) for s in EXP.sizes]
-        + [f"{token_stats_dir(s)}/summary.parquet" for s in EXP.sizes]
-    )
+    """The targets of the default run: the tables, and so every job of the grid before them."""
+    return [f"{tables_dir()}/tables.html"]
 
 
 # A job reruns when the parts of the config it reads change, and only then.
 def config_hash(*keys):
     return CFG.section_hash(*keys)
+
+
+# ----- what each job asks the scheduler for ---------------------------------------------------
+# Resource names are those of snakemake-executor-plugin-slurm; the local executor ignores all but
+# the threads. Site settings come from the environment (the variables sbatch itself reads, and one
+# for the GPU partition), so neither the config nor the profile names a site.
+GPU_RULES = set(Gpus.model_fields)
+SITE_ENV = {"slurm_account": "SBATCH_ACCOUNT", "qos": "SBATCH_QOS"}
+
+
+def job_request(rule, wildcards):
+    """The config's CPUs, memory and walltime for one job of `rule` (per size where it has one)."""
+    return CFG.resources.of(rule, getattr(wildcards, "size", None))
+
+
+def job_gpus(rule, wildcards):
+    """GPUs of one job: models.<size>.gpus.<rule>; 0 for rules that never use a GPU."""
+    return getattr(CFG.models[wildcards.size].gpus, rule) if rule in GPU_RULES else 0
+
+
+def job_partition(rule, wildcards):
+    """$ICT_GPU_PARTITION for jobs with GPUs (when set), else $SBATCH_PARTITION; None: site default."""
+    gpu_partition = os.environ.get("ICT_GPU_PARTITION")
+    if gpu_partition and job_gpus(rule, wildcards):
+        return gpu_partition
+    return os.environ.get("SBATCH_PARTITION") or None
+
+
+def job_threads(rule):
+    """`threads:` of a rule: its CPUs from the config (Snakemake caps them at --cores locally)."""
+    return lambda wildcards: job_request(rule, wildcards).cpus
+
+
+def job_resources(rule):
+    """`resources:` of a rule, used as `resources: **job_resources("train")`.
+
+    One task on one node per job: a multi-GPU job starts its workers itself (stages.launch)."""
+    resources = {
+        "cpus_per_task": lambda wildcards: job_request(rule, wildcards).cpus,
+        "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
+        # a resubmitted job (profile `retries`) gets more time: walltime kills are the usual failure
+        "runtime": lambda wildcards, attempt: job_request(rule, wildcards).runtime * attempt,
+        "gpu": lambda wildcards: job_gpus(rule, wildcards),
+        "nodes": 1,
+        "slurm_partition": lambda wildcards: job_partition(rule, wildcards),
+    }
+    resources.update({key: os.environ[var] for key, var in SITE_ENV.items() if os.environ.get(var)})
+    return resources
 
 
 # ----- inputs that depend on the config ------------------------------------------------------
@@ -99,3 +147,54 @@ def base_model_inputs(wildcards):
     if CFG.models[wildcards.size].source != "scratch":
         return {}
     return {"sft": data_path(EXP.sft_dataset), "eval": data_path(EXP.train_dataset)}
+
+
+def eval_model(wildcards):
+    """The model an evaluation samples from: the base model, or one size x method x seed's training."""
+    if wildcards.method == "base":
+        return base_ref(wildcards.size)
+    return f"{train_dir(wildcards.size, wildcards.method, wildcards.seed)}/model.json"
+
+
+def eval_dirs():
+    """Every evaluation of the grid: size x (base model and each method) x seed x benchmark."""
+    return [
+        eval_dir(size, method, seed, bench)
+        for size in EXP.sizes
+        for method in ["base", *EXP.methods]
+        for seed in EXP.seeds
+        for bench in EXP.benchmarks
+    ]
+
+
+def train_dirs():
+    """Every training of the grid: size x method x seed."""
+    return [train_dir(size, method, seed) for size in EXP.sizes for method in EXP.methods for seed in EXP.seeds]
+
+
+# ----- the Snakemake report (snakemake --report report.html) ----------------------------------
+# Tables and figures shown in the report, with their captions (workflow/report/*.rst); the
+# Markdown and LaTeX copies of the tables and the long CSVs are outputs, not report items.
+REPORT_CSV = {"main_pass": "main_csv", "token_stats": "token_stats", "ablation": "ablation", "sources": "sources"}
+REPORT_FIGURES = {"training": "training curves", "pass_at_k": "pass@k against k", "entropy_hist": "token entropy"}
+
+
+def report_item(folder, name):
+    """`folder/name`, flagged for the report when it is one of its items (captions relative to rules/)."""
+    path = f"{folder}/{name}"
+    stem = name.rsplit(".", 1)[0]
+    if name == "tables.html":
+        return report(path, caption="../report/tables.rst", category="Tables", subcategory="all tables")
+    caption = next((c for prefix, c in REPORT_CSV.items() if stem.startswith(prefix)), None)
+    if name.endswith(".csv") and caption:
+        return report(path, caption=f"../report/{caption}.rst", category="Tables", subcategory="CSV")
+    kind = next((k for k in REPORT_FIGURES if stem.startswith(k)), None)
+    if name.endswith(".png") and kind:
+        return report(
+            path,
+            caption=f"../report/{kind}.rst",
+            category="Figures",
+            subcategory=REPORT_FIGURES[kind],
+            labels={"figure": REPORT_FIGURES[kind], "size": stem[len(kind) + 1 :] or "all sizes"},
+        )
+    return path

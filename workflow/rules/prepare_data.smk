@@ -10,7 +10,9 @@ rule prepare_data:
         ),
     log:
         f"{RESULTS}/logs/prepare_data/{{dataset}}.log",
-    threads: 1
+    threads: job_threads("prepare_data")
+    resources:
+        **job_resources("prepare_data"),
     shell:
         "{params.py} -m stages.prepare_data --config {params.config} --dataset {wildcards.dataset}"
         " --out {output} 2>&1 | tee {log}"

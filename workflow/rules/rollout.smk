@@ -13,7 +13,9 @@ rule rollout:
         ),
     log:
         f"{RESULTS}/logs/rollout/{{size}}.log",
-    threads: 1
+    threads: job_threads("rollout")
+    resources:
+        **job_resources("rollout"),
     shell:
         "{params.py} -m stages.rollout --config {params.config} --size {wildcards.size}"
         " --model {input.model} --prompts {input.prompts} --out {output} --threads {threads}"

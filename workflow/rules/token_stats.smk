@@ -19,7 +19,9 @@ rule token_stats:
         ),
     log:
         f"{RESULTS}/logs/token_stats/{{size}}.log",
-    threads: 1
+    threads: job_threads("token_stats")
+    resources:
+        **job_resources("token_stats"),
     shell:
         "{params.py} -m stages.token_stats --config {params.config} --size {wildcards.size}"
         " --model {input.model} --rollouts {input.rollouts} --out-dir {params.out_dir}"

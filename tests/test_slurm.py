@@ -1,0 +1,547 @@
+"""The SLURM profile against a real single-node SLURM cluster on localhost.
+
+The cluster fixture installs SLURM and munge from Debian packages when they are missing (root and
+apt-get needed; otherwise the tests are skipped and say why, or fail where ICT_RLVR_REQUIRE_SLURM=1
+as in CI), writes /etc/slurm/slurm.conf and gres.conf (jobs' inner `srun` reads only that path:
+the executor plugin drops SLURM_* variables, SLURM_CONF too), starts its own munged (own key and
+socket), slurmctld and slurmd, and stops exactly those pids afterwards, also when a test fails;
+config files that were there before are put back. The node has two fake GPUs (SLURM schedules
+them, CUDA sees none) and three partitions: the default one, and the two the tests name through
+the environment. Facts behind the settings: ../shared/notes/slurm.md.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from polars.testing import assert_frame_equal
+
+from stages.config import ConfigError, Gpus, load_config, validate
+from stages.core.io import read_provenance
+from stages.train import TIME_COLUMNS
+from tests.conftest import ROOT, write_yaml
+
+PACKAGES = ["slurm-wlm", "munge"]
+BINARIES = ["munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel"]
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+GRES_CONF = SLURM_CONF.with_name("gres.conf")
+FAKE_GPUS = 2  # GPUs SLURM schedules on the node; none exist, so a job that asks for them sees 0
+LOCK = Path(tempfile.gettempdir()) / "ict-rlvr-slurm-test.lock"
+PARTITION = "ict"  # where the test sends CPU jobs; not the default partition
+GPU_PARTITION = "ict-gpu"
+RUN_TIMEOUT_S = 600  # either Snakemake run; the module takes 5-6 minutes on 2 busy cores
+CONF_HEADER = "# written by tests/test_slurm.py"
+# CI sets this (.ci/run): there, a cluster that cannot be set up is a failure, not a skip.
+REQUIRED = os.environ.get("ICT_RLVR_REQUIRE_SLURM") == "1"
+
+
+def unavailable(reason: str):
+    """Skip (or, where SLURM is required, fail) with the reason the cluster cannot run."""
+    if REQUIRED:
+        pytest.fail(f"ICT_RLVR_REQUIRE_SLURM=1 but {reason}")
+    pytest.skip(reason)
+
+
+# ----- the cluster ------------------------------------------------------------------------------
+def missing_binaries() -> list[str]:
+    return [b for b in BINARIES if shutil.which(b) is None]
+
+
+def ensure_packages() -> None:
+    """Install SLURM and munge with apt-get when missing; skip with the reason when impossible."""
+    if not missing_binaries():
+        return
+    if shutil.which("apt-get") is None:
+        unavailable(f"SLURM/munge not installed ({', '.join(missing_binaries())} missing) and no apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if proc.returncode:
+            unavailable(f"`{' '.join(cmd)}` failed, SLURM cannot be installed: {proc.stderr[-800:]}")
+    if missing := missing_binaries():
+        unavailable(f"apt-get installed {PACKAGES} but {missing} are still missing")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def running(name: str) -> list[str]:
+    proc = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
+    return proc.stdout.split()
+
+
+def node_memory_mb() -> int:
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    # more than slurmd measures marks the node INVALID; leave room for the OS
+    return int(int(re.search(r"RealMemory=(\d+)", out)[1]) * 0.85)
+
+
+class LocalSlurm:
+    """munged + slurmctld + slurmd on this machine, in a temporary directory."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="ict-slurm-"))
+        self.dir.chmod(0o755)  # munged runs as the munge user and must reach its directory
+        self.host = socket.gethostname().split(".")[0]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.saved: dict[Path, bytes | None] = {}  # config files replaced here -> what was there
+
+    def log_tails(self, lines: int = 30) -> str:
+        out = []
+        for name in ("munged", "slurmctld", "slurmd"):
+            path = self.dir / f"{name}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {path} ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    def start(self) -> None:
+        munge_user = pwd.getpwnam("munge")
+        mdir = self.dir / "munge"
+        mdir.mkdir(mode=0o755)
+        key = mdir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        for path in (mdir, key):
+            os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
+        self.munge_socket = mdir / "munge.socket"
+        # munged refuses to run as root with a munge-owned key: start it as the munge user
+        self.spawn("munged", [
+            "munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
+            f"--pid-file={mdir / 'munged.pid'}", f"--seed-file={mdir / 'munged.seed'}",
+            f"--log-file={self.dir / 'munged.log'}",
+        ], user=munge_user.pw_uid, group=munge_user.pw_gid)
+        self.wait_for(lambda: self.munge_socket.exists(), "munged socket")
+        check = subprocess.run(
+            f"munge -n -S {self.munge_socket} | unmunge -S {self.munge_socket}",
+            shell=True, capture_output=True, text=True,
+        )
+        assert check.returncode == 0, f"munge does not work: {check.stderr}\n{self.log_tails()}"
+
+        self.write_conf()
+        self.spawn("slurmctld", ["slurmctld", "-D", "-i"])
+        self.wait_for(lambda: self.sinfo() is not None, "slurmctld")
+        self.spawn("slurmd", ["slurmd", "-D"])
+        self.wait_for(lambda: (self.sinfo() or "").startswith("idle"), "node idle")
+
+    def write_conf(self) -> None:
+        d = self.dir
+        for sub in ("ctld", "spool"):
+            (d / sub).mkdir()
+        conf = f"""\
+{CONF_HEADER} for a throw-away single-node cluster; removed afterwards
+ClusterName=ictrlvr
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d / 'ctld'}
+SlurmdSpoolDir={d / 'spool'}
+SlurmctldPidFile={d / 'slurmctld.pid'}
+SlurmdPidFile={d / 'slurmd.pid'}
+SlurmctldLogFile={d / 'slurmctld.log'}
+SlurmdLogFile={d / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1000
+ReturnToService=2
+# squeue status checks need finished jobs to stay visible (the plugin polls up to 180 s apart)
+MinJobAge=600
+MpiDefault=none
+SwitchType=switch/none
+GresTypes=gpu
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={self.host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={node_memory_mb()} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
+PartitionName=other Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+PartitionName={PARTITION} Nodes={self.host} MaxTime=INFINITE State=UP
+PartitionName={GPU_PARTITION} Nodes={self.host} MaxTime=INFINITE State=UP
+"""
+        # Fake GPUs: SLURM only counts GPUs it has device files for; copies of /dev/null will do.
+        # Jobs that ask for them get CUDA_VISIBLE_DEVICES, and CUDA still finds no GPU.
+        for i in range(FAKE_GPUS):
+            os.mknod(d / f"gpu{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        gres = f"{CONF_HEADER}\nNodeName={self.host} Name=gpu File={d}/gpu[0-{FAKE_GPUS - 1}]\n"
+        SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
+        for path, text in ((SLURM_CONF, conf), (GRES_CONF, gres)):
+            before = path.read_bytes() if path.exists() else None
+            # a file left by a killed run of this test is not worth putting back
+            self.saved[path] = None if before and before.startswith(CONF_HEADER.encode()) else before
+            path.write_text(text)
+
+    def spawn(self, name: str, cmd: list[str], **kwargs) -> None:
+        log = open(self.dir / f"{name}.out", "w")
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs
+        )
+
+    def sinfo(self) -> str | None:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def wait_for(self, ready, what: str, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    out = (self.dir / f"{name}.out").read_text(errors="replace")[-2000:]
+                    raise AssertionError(f"{name} exited ({proc.returncode}): {out}\n{self.log_tails()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}\n{self.log_tails()}")
+
+    def stop(self) -> None:
+        """Cancel this cluster's jobs, stop the daemons started here (by pid), restore the config."""
+        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+            jobs = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+            if jobs:
+                subprocess.run(["scancel", *jobs], capture_output=True)
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+        for path, before in self.saved.items():
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(before)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def take_lock(timeout: float = 900):
+    """One cluster at a time on this machine (ports, /etc/slurm/slurm.conf): wait for another test."""
+    fh = open(LOCK, "w")
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fh
+        except BlockingIOError:
+            if time.monotonic() > end:
+                fh.close()
+                pytest.fail(f"another SLURM test held {LOCK} for {timeout:.0f} s")
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    if os.geteuid() != 0:
+        unavailable("needs root: starts munged, slurmctld and slurmd (and may apt-get install them)")
+    ensure_packages()
+    lock = take_lock()
+    try:
+        if others := [(n, p) for n in ("slurmctld", "slurmd") for p in running(n)]:
+            unavailable(f"SLURM daemons not started by this test are running {others}; not touching them")
+        cluster = LocalSlurm()
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        lock.close()
+
+
+# ----- the runs ---------------------------------------------------------------------------------
+# After each status check that finds no finished job the plugin waits 10 s longer (up to 180 s):
+# right for hour-long jobs, but here it would add ~30 s to each of a chain of ~20 s jobs. The SLURM
+# run of this test checks every 2 s instead; submission and status queries are the plugin's own.
+FAST_POLLING = """
+import snakemake_executor_plugin_slurm as plugin
+from snakemake.cli import main
+plugin.Executor.next_seconds_between_status_checks = property(lambda self: 2, lambda self, value: None)
+main()
+"""
+
+
+def snakemake_cmd(cwd: Path, *args: str, timeout: int = RUN_TIMEOUT_S, fast_polling=False) -> list[str]:
+    python = [sys.executable, "-c", FAST_POLLING] if fast_polling else [sys.executable, "-m", "snakemake"]
+    return ["timeout", "-k", "10", str(timeout), *python,
+            "-s", str(ROOT / "Snakefile"), "--directory", str(cwd), *args]
+
+
+def job_counts(out: str) -> dict[str, int]:
+    """The first 'Job stats' table of a Snakemake log as {rule: count}, without the target rule."""
+    table = out.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "all"}
+
+
+def slurm_jobs(workdir: Path) -> list[tuple[str, str, str]]:
+    """(rule, wildcards, SLURM job id) of every job the plugin submitted, from its kept logs."""
+    logs = sorted((workdir / ".snakemake" / "slurm_logs").glob("rule_*/**/*.log"))
+    jobs = []
+    for log in logs:
+        parts = log.relative_to(workdir / ".snakemake" / "slurm_logs").parts
+        jobs.append((parts[0].removeprefix("rule_"), "/".join(parts[1:-1]), log.stem))
+    return jobs
+
+
+def job_logs(workdir: Path, chars: int = 3000) -> str:
+    logs = (workdir / ".snakemake" / "slurm_logs").glob("rule_*/**/*.log")
+    return "\n".join(f"--- {p} ---\n{p.read_text(errors='replace')[-chars:]}" for p in logs)
+
+
+def is_timing(name: str) -> bool:
+    """Wall-clock timings, the only values two runs may differ in (stages.train.TIME_COLUMNS)."""
+    return name in TIME_COLUMNS or name.endswith("_seconds")
+
+
+def without_timings(obj):
+    """A JSON value without its wall-clock timings."""
+    if isinstance(obj, dict):
+        return {k: without_timings(v) for k, v in obj.items() if not is_timing(k)}
+    if isinstance(obj, list):
+        return [without_timings(v) for v in obj]
+    return obj
+
+
+def compare_results(local: Path, slurm: Path) -> list[str]:
+    """Asserts that every deterministic artifact is the same in both runs; returns their paths.
+
+    Same seed, same threads (the rule's cpus), same code: on CPU every value is bit-identical,
+    but for wall-clock timings. Figures (PNG) are left out."""
+    def files(*suffixes):
+        found = sorted(p.relative_to(local) for p in local.rglob("*") if p.suffix in suffixes)
+        assert found == sorted(p.relative_to(slurm) for p in slurm.rglob("*") if p.suffix in suffixes)
+        return found
+
+    parquet, summaries, exact = files(".parquet"), files(".json"), files(
+        ".safetensors", ".csv", ".md", ".tex", ".html", ".yaml")
+    for rel in parquet:
+        a, b = (pl.read_parquet(root / rel) for root in (local, slurm))
+        timings = [c for c in a.columns if is_timing(c)]
+        assert_frame_equal(a.drop(timings), b.drop(timings), check_exact=True)
+        assert read_provenance(local / rel) == read_provenance(slurm / rel), rel
+    for rel in summaries:
+        a, b = (json.loads((root / rel).read_text()) for root in (local, slurm))
+        assert without_timings(a) == without_timings(b), rel
+    for rel in exact:
+        assert (local / rel).read_bytes() == (slurm / rel).read_bytes(), rel
+    return [str(p) for p in parquet + summaries + exact]
+
+
+def scontrol_jobs() -> dict[str, dict[str, str]]:
+    """Every job slurmctld still remembers (MinJobAge) as {job id: {field: value}}."""
+    out = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True).stdout
+    jobs = {}
+    for line in out.splitlines():
+        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        jobs[fields["JobId"]] = fields
+    return jobs
+
+
+def run_env(**site: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    for var in ("SBATCH_PARTITION", "SBATCH_ACCOUNT", "SBATCH_QOS", "ICT_GPU_PARTITION"):
+        env.pop(var, None)
+    return {**env, **site}
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory):
+    """The test config run through `--profile slurm`, and locally with --cores 2 alongside."""
+    cfg = str(ROOT / "config" / "test.yaml")
+    # the site's partition travels through the environment (common.smk); it is not the default one
+    env = run_env(SBATCH_PARTITION=PARTITION, ICT_GPU_PARTITION=GPU_PARTITION)
+    base = tmp_path_factory.mktemp("runs")
+    slurm_wd, local_wd = base / "slurm", base / "local"
+    slurm_wd.mkdir()
+    local_wd.mkdir()
+    started = time.monotonic()
+    # The local reference run computes while the SLURM run mostly waits on the scheduler.
+    local = subprocess.Popen(
+        snakemake_cmd(local_wd, "--cores", "2", "--configfile", cfg),
+        cwd=local_wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    # --profile with a path: `--profile slurm` means ./slurm/ of the current directory.
+    # No retries here: a failure should show at once, not after a resubmission.
+    slurm = subprocess.run(
+        snakemake_cmd(slurm_wd, "--profile", str(ROOT / "slurm"), "--configfile", cfg,
+                      "--retries", "0", "--slurm-keep-successful-logs", fast_polling=True),
+        cwd=slurm_wd, env=env, capture_output=True, text=True,
+    )
+    slurm_s = time.monotonic() - started
+    local_out = local.communicate(timeout=RUN_TIMEOUT_S + 30)[0]
+    print(f"\nSLURM run {slurm_s:.0f} s, local run done after {time.monotonic() - started:.0f} s")
+    assert slurm.returncode == 0, (
+        f"SLURM run failed ({slurm.returncode}):\n{slurm.stderr[-5000:]}\n"
+        f"{job_logs(slurm_wd)}\n{slurm_cluster.log_tails()}"
+    )
+    assert local.returncode == 0, local_out[-4000:]
+    jobs = slurm_jobs(slurm_wd)
+    print("SLURM jobs:\n" + "\n".join(
+        f"  {jobid:>4} {rule} {wc}" for rule, wc, jobid in sorted(jobs, key=lambda j: int(j[2]))))
+    return {"cfg": cfg, "env": env, "slurm_wd": slurm_wd, "local_wd": local_wd, "jobs": jobs,
+            "expected": job_counts(local_out), "scontrol": scontrol_jobs()}
+
+
+@pytest.mark.slow
+def test_every_job_went_through_slurm_once_in_the_sites_partition(runs):
+    jobs, expected = runs["jobs"], runs["expected"]
+    assert {"prepare_data", "base_model", "rollout", "token_stats"} <= set(expected)
+    assert Counter(rule for rule, _, _ in jobs) == expected, (jobs, expected)
+    assert len({jobid for _, _, jobid in jobs}) == len(jobs)
+    for _, _, jobid in jobs:
+        job = runs["scontrol"][jobid]
+        assert (job["JobState"], job["Partition"], job["NumTasks"]) == ("COMPLETED", PARTITION, "1"), job
+
+
+@pytest.mark.slow
+def test_slurm_results_equal_the_local_run(runs):
+    compared = compare_results(runs["local_wd"] / "results" / "test", runs["slurm_wd"] / "results" / "test")
+    for stage in ("data", "models", "rollouts", "token_stats", "train", "eval", "tables"):
+        assert any(p.startswith(f"{stage}/") for p in compared), (stage, compared)
+
+
+@pytest.mark.slow
+def test_second_run_has_nothing_to_do(runs):
+    again = subprocess.run(
+        snakemake_cmd(runs["slurm_wd"], "--profile", str(ROOT / "slurm"), "--configfile", runs["cfg"],
+                      timeout=120),
+        cwd=runs["slurm_wd"], env=runs["env"], capture_output=True, text=True,
+    )
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, (
+        again.stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_multi_gpu_training_is_one_task_that_stops_when_it_sees_too_few_gpus(runs, tmp_path):
+    # The node has 2 GPUs for SLURM but none for CUDA: the job is granted them, the launcher
+    # inside finds 0 usable and must stop before starting any worker.
+    raw = yaml.safe_load(Path(runs["cfg"]).read_text())
+    raw["models"]["tiny-s"]["gpus"] = {"train": FAKE_GPUS}
+    cfg = write_yaml(tmp_path / "two-gpus.yaml", raw)
+    method, seed = raw["experiment"]["methods"][0], raw["experiment"]["seeds"][0]
+    target = f"results/test/train/size=tiny-s/method={method}/seed={seed}/model.json"
+    wd = runs["slurm_wd"]
+    before = {jobid for _, _, jobid in slurm_jobs(wd)}
+    # mtime triggers only: the base model and data of the first run are reused as they are
+    proc = subprocess.run(
+        snakemake_cmd(wd, "--profile", str(ROOT / "slurm"), "--configfile", str(cfg), "--force",
+                      target, "--rerun-triggers", "mtime", "--retries", "0",
+                      "--slurm-keep-successful-logs", timeout=300, fast_polling=True),
+        cwd=wd, env=runs["env"], capture_output=True, text=True,
+    )
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    new = [(rule, jobid) for rule, _, jobid in slurm_jobs(wd) if jobid not in before]
+    assert [rule for rule, _ in new] == ["train"], (new, proc.stderr[-3000:])
+    jobid = new[0][1]
+    job = scontrol_jobs()[jobid]
+    assert (job["JobState"], job["Partition"], job["NumTasks"]) == ("FAILED", GPU_PARTITION, "1"), job
+    assert job["TresPerJob"] == f"gres:gpu:{FAKE_GPUS}", job
+    log = next((wd / ".snakemake" / "slurm_logs" / "rule_train").glob(f"**/{jobid}.log")).read_text()
+    assert f"error: this job requested {FAKE_GPUS} GPU(s) but sees 0 (CUDA_VISIBLE_DEVICES='0,1'" in log
+    assert "stages.launch INFO launching" not in log  # it stopped before starting any worker
+
+
+# ----- the profile's requests, without a cluster -----------------------------------------------
+def dry_run_jobs(out: str) -> list[dict[str, str]]:
+    """Each job block of `snakemake -n` output as {'rule', 'size', resource: value}."""
+    jobs = []
+    for block in re.split(r"\n(?=rule \w+:)", out):
+        if not (m := re.match(r"rule (\w+):", block)):
+            continue
+        job = {"rule": m[1]}
+        if w := re.search(r"wildcards: .*?\bsize=([^,\s]+)", block):
+            job["size"] = w[1]
+        if r := re.search(r"resources: (.*)", block):
+            job.update(kv.split("=", 1) for kv in r[1].split(", "))
+        jobs.append(job)
+    return jobs
+
+
+def test_paper_dry_run_requests_each_sizes_gpus_and_the_sites_partition(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "SBATCH_PARTITION": "cpu-part", "ICT_GPU_PARTITION": "gpu-part", "SBATCH_QOS": "high"}
+    env.pop("SBATCH_ACCOUNT", None)
+    # from the repository root, as the README says: `--profile slurm` is ./slurm/
+    proc = subprocess.run(
+        snakemake_cmd(tmp_path, "-n", "--profile", "slurm", "--configfile",
+                      str(ROOT / "config" / "paper.yaml"), timeout=300),
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    cfg = load_config(ROOT / "config" / "paper.yaml")
+    jobs = [j for j in dry_run_jobs(out) if j["rule"] != "all"]
+    assert jobs
+    seen = set()
+    for job in jobs:
+        rule, size = job["rule"], job.get("size")
+        gpus = getattr(cfg.models[size].gpus, rule) if rule in Gpus.model_fields else 0
+        want = cfg.resources.of(rule, size)
+        assert int(job["gpu"]) == gpus, job
+        assert (int(job["cpus_per_task"]), int(job["mem_mb"]), int(job["runtime"])) == (
+            want.cpus, want.mem_mb, want.runtime), job
+        assert job["slurm_partition"] == ("gpu-part" if gpus else "cpu-part"), job
+        assert job["qos"] == "high" and job["nodes"] == "1" and "tasks" not in job, job
+        seen.add((rule, size, gpus))
+    # the paper's GPUs, as listed in the issue: one per job but for 7B's tensor parallelism
+    for size, tp in [("qwen2.5-0.5b", 1), ("qwen2.5-1.5b", 1), ("qwen2.5-7b", 2)]:
+        assert ("rollout", size, tp) in seen and ("token_stats", size, 1) in seen
+    train = {size: gpus for rule, size, gpus in seen if rule == "train"}
+    assert train == {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 2, "qwen2.5-7b": 8}
+    assert {rule for rule, _, _ in seen} >= {"prepare_data", "base_model", "evaluate", "tables"}
+
+
+# ----- the config's resources section -------------------------------------------------------------
+def test_size_override_changes_only_its_fields(test_raw):
+    test_raw["resources"]["train"] = {"cpus": 4, "mem_mb": 8000, "runtime": 60,
+                                      "sizes": {"tiny-s": {"runtime": 90}}}
+    cfg = validate(test_raw, "t.yaml")
+    got = cfg.resources.of("train", "tiny-s")
+    assert (got.cpus, got.mem_mb, got.runtime) == (4, 8000, 90)
+    assert cfg.resources.of("train", "another-size").runtime == 60
+    assert cfg.resources.of("tables").cpus == 1
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (lambda r: r["train"].update(gpus=2), "resources.train.gpus: unknown key"),
+        (lambda r: r.update(trian={}), "resources.trian: unknown key"),
+        (lambda r: r["train"].update(sizes={"70b": {"runtime": 5}}),
+         "resources.train.sizes.70b: unknown model size '70b'"),
+        (lambda r: r["tables"].update(sizes={"tiny-s": {"runtime": 5}}), "resources.tables.sizes: unknown key"),
+        (lambda r: r["rollout"].update(mem_mb=0), "resources.rollout.mem_mb:"),
+    ],
+)
+def test_resource_mistakes_name_the_key(test_raw, edit, expect):
+    edit(test_raw["resources"])
+    with pytest.raises(ConfigError) as info:
+        validate(test_raw, "t.yaml")
+    assert f"t.yaml: {expect}" in str(info.value)

@@ -1,0 +1,386 @@
+"""The masked RLVR trainer: selective head, process-count invariance, resume, bad input.
+
+Tiny models (hidden 32, 1 layer) on CPU. The two slow tests start real processes: 1 vs 2
+DeepSpeed ranks on one global mini-batch, and three training runs of the CLI (uninterrupted,
+killed after its first checkpoint, restarted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from stages import train
+from stages.config import ConfigError, validate
+from stages.core.io import ArtifactError, provenance, write_parquet
+from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
+from stages.core.modeling import build_scratch_model, build_tokenizer
+from stages.core.policy import grid, head_logprobs, score_scope, valid_grid
+from stages.core.problems import PROBLEM_SCHEMA, Problem, render_prompt
+from stages.core.scoring import pack
+from stages.core.selectors import SelectionInput, select_tokens
+from stages.core.stats import chunked_token_statistics
+from tests.conftest import ROOT, run_stage, write_yaml
+
+ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1,
+                             max_position_embeddings=128)
+VOCAB, PAD = 259, 256  # the byte-level tokenizer: 256 bytes + 3 specials; eos = pad = 256
+
+
+def random_batch(seed=0, prompts=2, g=4, vocab=256):
+    """prompt ids, response ids (ragged), advantages (B,) and log-prob noise (N,)."""
+    gen = torch.Generator().manual_seed(seed)
+    p_ids, r_ids = [], []
+    for _ in range(prompts):
+        p = torch.randint(0, vocab, (int(torch.randint(3, 7, (1,), generator=gen)),), generator=gen)
+        for _ in range(g):
+            p_ids.append(p.tolist())
+            n = int(torch.randint(2, 11, (1,), generator=gen))
+            r_ids.append(torch.randint(0, vocab, (n,), generator=gen).tolist())
+    adv = torch.randn(prompts * g, generator=gen)
+    noise = 0.3 * torch.randn(sum(map(len, r_ids)), generator=gen)
+    return p_ids, r_ids, adv, noise
+
+
+# ---------------------------------------------------------------------------------------------
+# The selective head
+# ---------------------------------------------------------------------------------------------
+def head_case(perturb_masked: bool = False):
+    """Hidden states (leaf, float64) of a tiny model on a ragged batch, the head, ids, mask."""
+    model = build_scratch_model(ARCH, VOCAB, PAD, seed=0).double()
+    p_ids, r_ids, adv, noise = random_batch()
+    ids, attention, rows, cols = pack(p_ids, r_ids, PAD)
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+    tokens = torch.tensor([t for r in r_ids for t in r])  # (N,)
+    lengths = [len(r) for r in r_ids]
+    valid = valid_grid(lengths)
+    stats = chunked_token_statistics(hidden[rows, cols], model.lm_head.weight, tokens)
+    mask = select_tokens("entropy_top", SelectionInput(valid=valid, entropy=grid(stats["entropy"], lengths)),
+                         rho=0.3)
+    sel = mask[valid]  # (N,)
+    if perturb_masked:  # change everything about the masked positions: inputs and targets
+        hidden = hidden.clone()
+        hidden[rows[~sel], cols[~sel]] += torch.randn(int((~sel).sum()), hidden.shape[-1],
+                                                      dtype=hidden.dtype)
+        tokens = torch.where(sel, tokens, (tokens + 7) % 256)
+    hidden = hidden.detach().requires_grad_()
+    old = stats["logprob"] + noise.double()
+    adv_tok = adv.double().repeat_interleave(torch.tensor(lengths))
+    return model, hidden, rows, cols, tokens, lengths, valid, mask, sel, old, adv_tok
+
+
+def full_head_loss(model, hidden, rows, cols, tokens, lengths, valid, mask, old, adv_tok, denom):
+    """What TRL and verl do: the head at every valid position, then the mask on the loss."""
+    logits = model.lm_head(hidden[rows, cols])  # (N, V)
+    logp = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
+    loss, _ = clipped_surrogate(logp, old, adv_tok, 0.2, 0.28)
+    return aggregate_loss(grid(loss, lengths), mask, valid, denom)
+
+
+def selective_head_loss(model, hidden, rows, cols, tokens, lengths, valid, mask, sel, old, adv_tok,
+                        denom):
+    pick = sel.nonzero().squeeze(1)
+    logp = head_logprobs(model.lm_head, hidden[rows[pick], cols[pick]], tokens[pick], 1.0)
+    loss, clipped = clipped_surrogate(logp, old[pick], adv_tok[pick], 0.2, 0.28)
+    w = loss_weights(mask, valid, denom, dtype=torch.float64)[valid][pick]
+    return (w * loss).sum(), clipped
+
+
+@pytest.mark.parametrize("denom", ["selected", "all", "sequence"])
+def test_selective_head_equals_full_head_in_loss_and_gradients(denom):
+    model, hidden, rows, cols, tokens, lengths, valid, mask, sel, old, adv = head_case()
+    assert 0 < int(mask.sum()) < int(valid.sum())
+    full = full_head_loss(model, hidden, rows, cols, tokens, lengths, valid, mask, old, adv, denom)
+    full.backward()
+    g_full_h, g_full_w = hidden.grad.clone(), model.lm_head.weight.grad.clone()
+    hidden.grad = None
+    model.zero_grad()
+    part, clipped = selective_head_loss(model, hidden, rows, cols, tokens, lengths, valid, mask,
+                                        sel, old, adv, denom)
+    part.backward()
+    assert float(part.detach()) == pytest.approx(float(full.detach()), rel=1e-12, abs=1e-15)
+    assert torch.allclose(hidden.grad, g_full_h, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(model.lm_head.weight.grad, g_full_w, rtol=1e-10, atol=1e-14)
+    # masked response positions, prompts and padding: exactly zero, in both paths
+    chosen = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+    chosen[rows[sel], cols[sel]] = True
+    assert (hidden.grad[~chosen] == 0).all() and (g_full_h[~chosen] == 0).all()
+    pick = sel.nonzero().squeeze(1)
+    live = pick[~clipped]  # selected and not clipped: these do carry gradient
+    assert live.numel() > 0 and (hidden.grad[rows[live], cols[live]].abs().sum(-1) > 0).all()
+
+
+def test_masked_positions_cannot_change_the_head_gradient():
+    grads = []
+    for perturb in (False, True):
+        model, hidden, rows, cols, tokens, lengths, valid, mask, sel, old, adv = head_case(perturb)
+        selective_head_loss(model, hidden, rows, cols, tokens, lengths, valid, mask, sel, old,
+                            adv, "selected")[0].backward()
+        grads.append((model.lm_head.weight.grad.clone(), hidden.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0])  # bit for bit
+    assert torch.equal(grads[0][1], grads[1][1])
+
+
+def test_empty_selection_gives_a_zero_head_gradient():
+    model = build_scratch_model(ARCH, VOCAB, PAD, seed=0)
+    logp = head_logprobs(model.lm_head, torch.zeros(0, 32, requires_grad=True),
+                         torch.zeros(0, dtype=torch.long), 1.0)
+    logp.sum().backward()
+    assert logp.shape == (0,) and (model.lm_head.weight.grad == 0).all()
+
+
+def test_score_scope_matches_the_token_statistics_and_ict_ids():
+    model = build_scratch_model(ARCH, VOCAB, PAD, seed=1).double()
+    hidden = torch.randn(40, 32, dtype=torch.float64) * 2
+    ids = torch.randint(0, 20, (40,))
+    w = model.lm_head.weight.detach()
+    ref = chunked_token_statistics(hidden, w, ids, 0.7, jsd=True)
+    got = score_scope(hidden, w, None, ids, 0.7, deviation="token_id", chunk_positions=7,
+                      chunk_vocab=50)
+    for key in ("entropy", "renyi2", "logprob", "jsd"):
+        assert torch.allclose(got[key], ref[key], rtol=1e-10, atol=1e-13), key
+    uniq, scores = got["id_scores"]
+    assert torch.equal(uniq, torch.unique(ids))
+    expect = torch.stack([ref["jsd"][ids == v].mean() for v in uniq])
+    assert torch.allclose(scores, expect, rtol=1e-10, atol=1e-13)
+
+
+def test_rank_slots_keep_each_minibatch_whole_for_any_number_of_processes():
+    one = train.rank_slots(8, 4, 1, 0)
+    two = [train.rank_slots(8, 4, 2, r) for r in (0, 1)]
+    assert one == list(range(8))
+    assert two == [[0, 1, 4, 5], [2, 3, 6, 7]]  # mini-batch 0 = prompts 0-3 either way
+    assert sorted(train.prompt_stream(5, 0, 12, seed=3)) == sorted(list(range(5)) * 2 + train.prompt_stream(5, 10, 2, seed=3))
+
+
+# ---------------------------------------------------------------------------------------------
+# One process vs two
+# ---------------------------------------------------------------------------------------------
+CASES = [
+    ({"selector": "ict", "rho": 0.3, "variant": "token_id"}, "selected", 0),
+    ({"selector": "entropy_top", "rho": 0.5}, "sequence", 0),
+    ({"selector": "all"}, "all", 2),
+]
+
+
+def _update_worker(out: str) -> None:
+    """One optimizer step per case on the same global mini-batch (8 sequences), split over the
+    ranks of this process group; rank 0 saves loss, mask and the updated parameters."""
+    torch.set_num_threads(1)
+    base = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    launch = None
+    dist = None
+    results = []
+    for method, denom, zero in CASES:
+        raw = copy.deepcopy(base)
+        raw["train"].update(micro_batch_size=4, mini_batch_prompts=2, prompts_per_step=2,
+                            group_size=4, zero_stage=zero, lr=1e-2, grad_clip=1e9)
+        raw["train"]["loss"] = {"denominator": denom}
+        raw["methods"]["case"] = method
+        cfg = validate(raw, "case")
+        if dist is None:
+            launch = train.resolve_launch(cfg, "tiny-s")
+            dist = train.init_distributed(launch)
+        model = build_scratch_model(ARCH, VOCAB, PAD, seed=0)
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        engine = train.build_engine(model, cfg.train, dist.world)
+        engine.eval()
+        p_ids, r_ids, adv, noise = random_batch()
+        share = len(r_ids) // dist.world
+        mine = slice(dist.rank * share, (dist.rank + 1) * share)
+        roll = train.Rollouts(p_ids[mine], r_ids[mine], [0] * share, adv[mine])
+        old = train.sampling_pass(engine.module, None, roll, cfg.train, cfg, PAD, dist.device)
+        starts = torch.tensor([0] + [len(r) for r in r_ids]).cumsum(0)
+        roll.old_logprob = old["logprob"] + noise[starts[mine.start] : starts[mine.stop]]
+        gen = torch.Generator().manual_seed(5)
+        u = train.update_minibatch(engine, roll, cfg.methods["case"], cfg, dist, gen, PAD)
+        after = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+        results.append({"loss": u.loss, "grad_norm": u.grad_norm, "mask": u.mask,
+                        "clipped": u.n_clipped, "params": after, "initial": initial})
+    if dist.rank == 0:
+        torch.save(results, out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_loss_and_update_of_one(tmp_path):
+    code = "import sys; from tests.test_train import _update_worker; _update_worker(sys.argv[1])"
+    procs = []
+    for world, out in ((1, tmp_path / "one.pt"), (2, tmp_path / "two.pt")):
+        port = str(_free_port())
+        for rank in range(world):
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            procs.append(subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        log, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, log[-3000:]
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for (method, denom, zero), a, b in zip(CASES, one, two, strict=True):
+        what = f"{method['selector']} / {denom} / ZeRO {zero}"
+        assert torch.equal(a["mask"], b["mask"]), what
+        assert 0 < int(a["mask"].sum()), what
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9), what
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5), what
+        assert a["grad_norm"] > 0, what
+        for name, value in a["params"].items():
+            assert not torch.equal(value, a["initial"][name]) or "norm" in name, (what, name)
+            assert torch.allclose(value, b["params"][name], rtol=1e-5, atol=1e-7), (what, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage: determinism, resume after a kill, bad input
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A tiny base model taught the answer format (it then guesses digits: rewards vary), its
+    prompts (copy a digit) and a config of 6 steps with a checkpoint every 2."""
+    from stages.core.sft import encode_pairs, train_sft
+
+    d = tmp_path_factory.mktemp("train")
+    tok = build_tokenizer()
+    model = build_scratch_model(ARCH, len(tok), tok.eos_token_id, seed=0)
+    problems = []
+    for digit in range(10):
+        for op in ("+0", "*1"):
+            p = Problem(f"p{digit}{op}", "test", f"{digit}{op}=?", str(digit), "math",
+                        solution=f"#### {digit}")
+            problems.append(Problem(**{**p.row(), "prompt": render_prompt("Q: {question} A:", p)}))
+    examples = encode_pairs(tok, [p.prompt for p in problems], [" " + p.solution for p in problems])
+    train_sft(model, tok, examples,
+              types.SimpleNamespace(steps=60, batch_size=20, lr=1e-2, warmup_steps=5, weight_decay=0.0),
+              seed=0)
+    model.save_pretrained(d / "checkpoint")
+    tok.save_pretrained(d / "checkpoint")
+    (d / "base.json").write_text(json.dumps({"kind": "scratch", "path": "checkpoint"}))
+    write_parquet([{k: p.row()[k] for k in PROBLEM_SCHEMA.names} for p in problems],
+                  d / "prompts.parquet", PROBLEM_SCHEMA, provenance("test", "1", "h", 0))
+    raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    raw["train"].update(steps=6, prompts_per_step=4, group_size=4, mini_batch_prompts=2,
+                        micro_batch_size=4, lr=3e-3, warmup_steps=1, max_response_tokens=12,
+                        generation_batch_size=16, checkpoint_every=2)
+    write_yaml(d / "cfg.yaml", raw)
+    return d, raw
+
+
+def cli_args(d, out: str, method: str = "ict", config: str = "cfg.yaml", model: str = "base.json"):
+    return ["--config", str(d / config), "--size", "tiny-s", "--method", method, "--seed", "0",
+            "--model", str(d / model), "--prompts", str(d / "prompts.parquet"),
+            "--out-dir", str(d / out), "--resume-dir", str(d / f"{out}-resume"), "--threads", "1"]
+
+
+def files_of(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_metrics_and_weights(job):
+    d, _ = job
+    whole = run_stage("train", *cli_args(d, "a"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    metrics = pl.read_parquet(d / "a" / "metrics.parquet")
+    assert metrics["step"].to_list() == list(range(6))
+    assert set(metrics.columns) == set(train.METRICS_SCHEMA.names)
+    assert (metrics["grad_norm"] > 0).any(), "no learning signal: the test would prove nothing"
+    assert ((metrics["selected_fraction"] > 0) & (metrics["selected_fraction"] < 0.5)).all()
+    assert json.loads((d / "a" / "model.json").read_text()) == {"kind": "scratch", "path": "final"}
+    assert (d / "a" / "final" / "model.safetensors").exists()
+    assert not (d / "a-resume").exists()  # dropped once the outputs exist
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.Popen([sys.executable, "-m", "stages.train", *cli_args(d, "b")], cwd=ROOT,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = d / "b-resume" / "state.json"
+    deadline = time.monotonic() + 300
+    while not state.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert state.exists() and not (d / "b" / "model.json").exists(), "not killed mid-run"
+    saved = json.loads(state.read_text())["step"]
+    assert 2 <= saved < 6
+
+    # the foreign-config check, on a copy of this real resume folder: refused, nothing touched
+    foreign = d / "b-resume-copy"
+    import shutil
+
+    shutil.copytree(d / "b-resume", foreign)
+    before = files_of(foreign)
+    raw = copy.deepcopy(job[1])
+    raw["train"]["lr"] = 1e-3
+    args = argparse.Namespace(**dict(zip(
+        ("size", "method", "seed", "model", "prompts", "out_dir"),
+        ("tiny-s", "ict", 0, str(d / "base.json"), str(d / "prompts.parquet"), str(d / "c")),
+        strict=True)), resume_dir=str(foreign))
+    with pytest.raises(ArtifactError, match=f"{foreign}: resume state of a different config"):
+        train.main(args, validate(raw, "other.yaml"))
+    assert files_of(foreign) == before and not (d / "c").exists()
+
+    resumed = run_stage("train", *cli_args(d, "b"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at step {saved}" in resumed.stderr
+    other = pl.read_parquet(d / "b" / "metrics.parquet")
+    keep = [c for c in metrics.columns if c not in train.TIME_COLUMNS]
+    assert other.select(keep).equals(metrics.select(keep))
+    assert (d / "a" / "final" / "model.safetensors").read_bytes() == \
+        (d / "b" / "final" / "model.safetensors").read_bytes()
+
+
+def test_unknown_method_is_a_clear_cli_error(job):
+    d, _ = job
+    proc = run_stage("train", *cli_args(d, "x", method="ppo"))
+    assert proc.returncode == 2
+    assert "--method 'ppo': not a key of 'methods'" in proc.stderr
+    assert not (d / "x").exists() and not (d / "x-resume").exists()
+
+
+def test_base_checkpoint_that_does_not_load_names_the_file(job, monkeypatch):
+    d, raw = job
+    broken = d / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    (d / "broken.json").write_text(json.dumps({"kind": "scratch", "path": "broken"}))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    args = argparse.Namespace(size="tiny-s", method="grpo", seed=0, model=str(d / "broken.json"),
+                              prompts=str(d / "prompts.parquet"), out_dir=str(d / "y"),
+                              resume_dir=str(d / "y-resume"))
+    with pytest.raises(ArtifactError, match="broken.json: cannot load the model at .*broken"):
+        train.main(args, validate(raw, "cfg.yaml"))
+    assert not (d / "y").exists() and not (d / "y-resume").exists()
+
+
+def test_config_errors_name_the_key(job):
+    _, raw = job
+    for edit, key in [
+        (lambda r: r["methods"]["ict"].update(rho=0.0), "methods.ict.rho"),
+        (lambda r: r["methods"]["ict"].update(rho=1.5), "methods.ict.rho"),
+        (lambda r: r["methods"]["grpo"].update(selector="top_p"), "methods.grpo.selector"),
+        (lambda r: r["train"].update(mini_batch_prompts=3), "train"),
+        (lambda r: r["train"].update(loss={"denominator": "tokens"}), "train.loss.denominator"),
+    ]:
+        bad = copy.deepcopy(raw)
+        edit(bad)
+        with pytest.raises(ConfigError, match=f"bad.yaml: {key}"):
+            validate(bad, "bad.yaml")
