@@ -259,7 +259,7 @@ def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
     assert not (tmp_path / "tables" / "ablation.md").exists()
     assert "Ablations" not in (tmp_path / "tables" / "tables.md").read_text()
     html = (tmp_path / "tables" / "tables.html").read_text()
-    assert "<b>60.0</b>" in html and html.count("<table>") == 5  # 2 main, 2 gains, token stats
+    assert "<b>60.0</b>" in html and html.count("<table>") == 6  # 2 main, 2 ICT gains, base gains, token stats
 
 
 def test_a_path_without_hive_keys_is_an_error(tmp_path, default_raw):
@@ -374,3 +374,118 @@ def test_bold_marks_every_tied_best_and_nothing_in_a_flat_column():
     # column 0: a tie; 1: all equal; 2: a lone value; 3: equal once shown to 1 decimal (30.0)
     assert render.bold_best(block) == [[True, False, False, True], [True, False, False, True],
                                        [False, False, False, False]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Gain over the base model, paired over problems
+# ---------------------------------------------------------------------------------------------
+def test_paired_gain_float64_reference():
+    """The difference of means and the percentile bootstrap of per-problem differences, by hand."""
+    import numpy as np
+
+    from stages.tables import paired_gain
+
+    rng = np.random.default_rng(3)
+    ids = [f"p{i}" for i in range(40)]
+    base = dict(zip(ids, rng.integers(0, 9, 40) / 8, strict=True))
+    trained = dict(zip(ids, rng.integers(0, 9, 40) / 8, strict=True))
+    g = paired_gain(base, trained, resamples=500, seed=11, where="x")
+    diff = np.array([trained[i] - base[i] for i in sorted(ids)], dtype=np.float64)
+    assert g.delta == pytest.approx(sum(trained.values()) / 40 - sum(base.values()) / 40, abs=1e-15)
+    draws = np.random.default_rng(11).integers(0, 40, size=(500, 40))
+    low, high = np.quantile(diff[draws].mean(axis=1), [0.025, 0.975])
+    assert (g.ci_low, g.ci_high) == pytest.approx((low, high), abs=1e-15)
+    assert g.n_problems == 40
+    # the problems' order in the dicts does not matter: pairs go by id
+    assert paired_gain(dict(reversed(base.items())), trained, 500, 11, "x") == g
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_paired_gain_bounds():
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from stages.tables import paired_gain
+
+    acc = st.integers(0, 8).map(lambda c: c / 8)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(acc, acc), min_size=1, max_size=30), st.integers(0, 2**16))
+    def check(pairs, seed):
+        base = {f"p{i}": a for i, (a, _) in enumerate(pairs)}
+        trained = {f"p{i}": b for i, (_, b) in enumerate(pairs)}
+        g = paired_gain(base, trained, 200, seed, "x")
+        diff = np.array([b - a for a, b in pairs])
+        # a mean of resampled differences lies between the smallest and the largest difference
+        assert diff.min() - 1e-12 <= g.ci_low <= g.ci_high <= diff.max() + 1e-12
+        assert -1.0 <= diff.min() and diff.max() <= 1.0 and -1.0 <= g.delta <= 1.0
+        if (diff >= 0).all():  # never worse on any problem: no interval below zero
+            assert g.ci_low >= 0.0
+        same = paired_gain(base, base, 200, seed, "x")
+        assert (same.delta, same.ci_low, same.ci_high) == (0.0, 0.0, 0.0)
+
+    check()
+
+
+def test_paired_gain_refuses_different_problems():
+    from stages.core.io import ArtifactError
+    from stages.tables import paired_gain
+
+    with pytest.raises(ArtifactError, match=r"a/samples.parquet and b/samples.parquet: .*1 problem ids in only one"):
+        paired_gain({"p": 0.5, "q": 0.0}, {"p": 1.0}, 100, 0, "a/samples.parquet and b/samples.parquet")
+
+
+def test_base_gain_table_by_hand(default_raw):
+    """Cells, bold where the interval excludes zero, averages over seeds, and missing cells."""
+    from stages.tables import base_gain_table
+
+    raw = config(default_raw, ablations=False)
+    raw["experiment"]["sizes"] = ["tiny-s"]
+    raw["experiment"]["seeds"] = [0, 1]
+    cfg = validate(raw, "test")
+    rows = []
+
+    def add(method, seed, bench, correct):  # correct: samples correct (of 4) per problem
+        rows.extend({"size": "tiny-s", "method": method, "seed": seed, "bench": bench,
+                     "problem_id": f"p{i}", "n": 4, "c": c,
+                     "source": f"{method}/{seed}/{bench}/samples.parquet"} for i, c in enumerate(correct))
+
+    for seed in (0, 1):
+        add("base", seed, "arith-easy", [0, 1, 2, 3] * 10)
+        add("base", seed, "arith-mid", [2, 2, 2, 2] * 10)
+        add("base", seed, "arith-hard", [0] * 40)
+        # GRPO: one more correct sample on every easy problem; mid and hard unchanged
+        add("grpo", seed, "arith-easy", [1, 2, 3, 4] * 10)
+        add("grpo", seed, "arith-mid", [2, 2, 2, 2] * 10)
+        add("grpo", seed, "arith-hard", [0] * 40)
+    # ICT: seed 0 loses two samples on every mid problem, seed 1 loses none: −1/4 on average
+    add("ict", 0, "arith-mid", [0, 0, 0, 0] * 10)
+    add("ict", 1, "arith-mid", [2, 2, 2, 2] * 10)
+    add("ict", 0, "arith-easy", [0, 1, 2, 3] * 10)  # seed 1 missing: no cell
+    counts = pl.DataFrame(rows).with_columns(pl.col("n", "c").cast(pl.UInt32))
+    table, frame = base_gain_table(cfg, counts)
+    body = {r[1]: r[2:] for r in table.rows}
+    assert body["GRPO"] == ["+25.0 [+25.0, +25.0]", "+0.0 [+0.0, +0.0]", "+0.0 [+0.0, +0.0]", "+8.3"]
+    assert body["ICT (token_id, ours)"] == ["—", "-25.0 [-25.0, -25.0]", "—", "—"]
+    assert body["STAPO"] == ["—", "—", "—", "—"]
+    bold = {table.rows[i][1]: table.bold[i][2:] for i in range(len(table.rows))}
+    assert bold["GRPO"] == [True, False, False, False] and bold["ICT (token_id, ours)"][1]
+    assert table.rows[0][0] == "Tiny-S" and table.rows[1][0] == ""
+    ict = frame.filter(pl.col("method") == "ict").row(0, named=True)
+    assert (ict["bench"], ict["delta"], ict["n_problems"]) == ("arith-mid", pytest.approx(-25.0), 40)
+    assert ict["sources"].split(";") == ["base/0/arith-mid/samples.parquet", "base/1/arith-mid/samples.parquet",
+                                         "ict/0/arith-mid/samples.parquet", "ict/1/arith-mid/samples.parquet"]
+
+
+def test_base_gains_in_the_rendered_tables(rendered):
+    root, _ = rendered
+    rows = md_rows((root / "tables" / "base_gains.md").read_text(), "Gain over the base model")
+    # every model's samples are the same in the fixture: zero gain with a zero-width interval
+    assert rows[0][:3] == ["Tiny-S", "GRPO", "+0.0 [+0.0, +0.0]"]
+    assert {r[1] for r in rows} >= {"GRPO", "20-Entropy", "STAPO", "ICT (token_id, ours)"}
+    stapo_m = [r for r in rows[len(rows) // 2:] if r[1] == "STAPO"][0]
+    assert stapo_m[4:] == ["—", "—"]  # the missing evaluation (tiny-m, STAPO, hard), no average
+    assert [r[0] for r in rows if r[0]] == ["Tiny-S", "Tiny-M"]
+    assert "Gain over the base model" in (root / "tables" / "tables.md").read_text()
+    assert "tab:base-gains" in (root / "tables" / "base_gains.tex").read_text()

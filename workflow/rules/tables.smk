@@ -4,7 +4,7 @@ from stages.tables import output_names as table_output_names
 
 
 rule tables:
-    """Main, ICT-gain, token-statistics and ablation tables (Markdown, LaTeX, CSV, HTML) and figures."""
+    """Main, ICT-gain, base-gain, token-statistics and ablation tables (Markdown, LaTeX, CSV, HTML) and figures."""
     input:
         metrics=[f"{d}/metrics.parquet" for d in eval_dirs()],
         samples=[f"{d}/samples.parquet" for d in eval_dirs()],
