@@ -34,13 +34,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
+from harness import (  # benchmarks/harness.py, beside this script
+    measured,
+    ratio_row,
+    report,
+    run_worker,
+)
 
 VOCAB = 151_936
 HIDDEN = 896
@@ -74,14 +76,6 @@ def _chunked(hidden, weight, token_ids, chunk_positions, chunk_vocab):
     )
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def worker(path: str, positions: int, chunk_positions: int, chunk_vocab: int) -> dict:
     """One measurement in this (fresh) process: {'peak_mb', 'seconds', 'method'}."""
     torch.manual_seed(0)
@@ -96,32 +90,15 @@ def worker(path: str, positions: int, chunk_positions: int, chunk_vocab: int) ->
 
     with torch.no_grad():
         run(hidden[:16], token_ids[:16])  # library initialisation, thread pools
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-            baseline_kb, method = _rss_kb("VmRSS"), "VmHWM - baseline RSS"
-        except OSError:
-            baseline_kb, method = 0, "ru_maxrss (includes inputs)"
-        start = time.perf_counter()
-        out = run(hidden, token_ids)
-        seconds = time.perf_counter() - start
-    if method.startswith("VmHWM"):
-        peak_kb = _rss_kb("VmHWM") - baseline_kb
-    else:
-        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out, result = measured(lambda: run(hidden, token_ids))
     assert torch.isfinite(out["entropy"]).all()
-    return {"peak_mb": peak_kb / 1024, "seconds": seconds, "method": method}
+    return result
 
 
 def measure(path: str, positions: int, chunk_positions: int, chunk_vocab: int) -> dict:
-    cmd = [
-        sys.executable, __file__, "--_worker", path, "--positions", str(positions),
-        "--chunk-positions", str(chunk_positions), "--chunk-vocab", str(chunk_vocab),
-    ]
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{path} at {positions} positions failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, ["--_worker", path, "--positions", str(positions),
+                                 "--chunk-positions", str(chunk_positions), "--chunk-vocab",
+                                 str(chunk_vocab)], f"{path} at {positions} positions")
 
 
 def check_accuracy(positions: int, chunk_positions: int, chunk_vocab: int) -> dict[str, float]:
@@ -169,27 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.positions:
         naive = [measure("naive", n, cp, cv) for _ in range(args.repeats)]
         chunked = [measure("chunked", n, cp, cv) for _ in range(args.repeats)]
-        row = {
-            "positions": n,
-            "naive_peak_mb": min(m["peak_mb"] for m in naive),
-            "chunked_peak_mb": min(m["peak_mb"] for m in chunked),
-            "naive_s": min(m["seconds"] for m in naive),
-            "chunked_s": min(m["seconds"] for m in chunked),
-        }
-        row["peak_mem_ratio"] = row["chunked_peak_mb"] / row["naive_peak_mb"]
-        row["time_ratio"] = row["chunked_s"] / row["naive_s"]
-        rows.append(row)
-    print(f"memory: {naive[0]['method']}")
+        rows.append(ratio_row("positions", n, naive, chunked, ("naive", "chunked")))
     header = ("positions", "naive_peak_mb", "chunked_peak_mb", "peak_mem_ratio",
               "naive_s", "chunked_s", "time_ratio")
-    print(" | ".join(f"{h:>15}" for h in header))
-    for row in rows:
-        print(" | ".join(
-            f"{row[h]:>15,}" if h == "positions" else f"{row[h]:>15.3f}" for h in header
-        ))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([{h: row[h] for h in header} for row in rows], indent=2))
+    report(rows, header, naive[0]["method"], args.json, 15,
+           lambda h, v: f"{v:,}" if h == "positions" else f"{v:.3f}")
 
 
 if __name__ == "__main__":

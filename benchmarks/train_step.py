@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from harness import (  # benchmarks/harness.py, beside this script
+    measured,
+    ratio_row,
+    report,
+    run_worker,
+)
 
 VOCAB = 151_936
 HIDDEN = 256
@@ -146,44 +150,19 @@ def check_agreement(responses: int, response_tokens: int, rho: float) -> dict:
     return {"loss_rel_err": loss_err, "grad_rel_err": grad_err, "mask_jaccard": overlap}
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def worker(path: str, rho: float, responses: int, response_tokens: int) -> dict:
     """One measurement in this (fresh) process: {'peak_mb', 'seconds', 'method'}."""
     model, optimizer, ids, cols, targets, adv = build(responses, response_tokens)
     # warm-up: library initialisation and AdamW state, on a few tokens
     one_step(path, model, optimizer, (ids[:1, : PROMPT + 8], cols[:8], targets[:1, :8], adv[:1]), rho)
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        baseline_kb, method = _rss_kb("VmRSS"), "VmHWM - baseline RSS"
-    except OSError:
-        import resource
-
-        baseline_kb, method = 0, "ru_maxrss (includes inputs)"
-    start = time.perf_counter()
-    loss, _ = one_step(path, model, optimizer, (ids, cols, targets, adv), rho)
-    seconds = time.perf_counter() - start
-    if method.startswith("VmHWM"):
-        peak_kb = _rss_kb("VmHWM") - baseline_kb
-    else:
-        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    (loss, _), result = measured(lambda: one_step(path, model, optimizer, (ids, cols, targets, adv), rho))
     assert torch.isfinite(loss)
-    return {"peak_mb": peak_kb / 1024, "seconds": seconds, "method": method}
+    return result
 
 
 def measure(path: str, rho: float, responses: int, response_tokens: int) -> dict:
-    cmd = [sys.executable, __file__, "--_worker", path, "--rho", str(rho),
-           "--responses", str(responses), "--response-tokens", str(response_tokens)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{path} at rho {rho} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, ["--_worker", path, "--rho", str(rho), "--responses", str(responses),
+                                 "--response-tokens", str(response_tokens)], f"{path} at rho {rho}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,25 +191,10 @@ def main(argv: list[str] | None = None) -> None:
         full = [measure("full", rho, args.responses, args.response_tokens) for _ in range(args.repeats)]
         sel = [measure("selective", rho, args.responses, args.response_tokens)
                for _ in range(args.repeats)]
-        row = {
-            "rho": rho,
-            "full_peak_mb": min(m["peak_mb"] for m in full),
-            "selective_peak_mb": min(m["peak_mb"] for m in sel),
-            "full_s": min(m["seconds"] for m in full),
-            "selective_s": min(m["seconds"] for m in sel),
-        }
-        row["peak_mem_ratio"] = row["selective_peak_mb"] / row["full_peak_mb"]
-        row["time_ratio"] = row["selective_s"] / row["full_s"]
-        rows.append(row)
-    print(f"memory: {full[0]['method']}")
+        rows.append(ratio_row("rho", rho, full, sel, ("full", "selective")))
     header = ("rho", "full_peak_mb", "selective_peak_mb", "peak_mem_ratio", "full_s",
               "selective_s", "time_ratio")
-    print(" | ".join(f"{h:>17}" for h in header))
-    for row in rows:
-        print(" | ".join(f"{row[h]:>17.3f}" for h in header))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([{h: row[h] for h in header} for row in rows], indent=2))
+    report(rows, header, full[0]["method"], args.json, 17, lambda h, v: f"{v:.3f}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,43 @@ def run_stage(module: str, *args: str, cwd: Path | None = None) -> subprocess.Co
         [sys.executable, "-m", f"stages.{module}", *args],
         capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=600,
     )
+
+
+# An untrained Qwen2 small enough to build, save and sample in well under a second.
+TINY_ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1,
+                                  max_position_embeddings=128)
+
+
+def save_scratch_model(folder: Path, model, tokenizer) -> Path:
+    """Save `model` and `tokenizer` to folder/checkpoint and write folder/base.json pointing there."""
+    model.save_pretrained(folder / "checkpoint")
+    tokenizer.save_pretrained(folder / "checkpoint")
+    ref = folder / "base.json"
+    ref.write_text(json.dumps({"kind": "scratch", "path": "checkpoint"}))
+    return ref
+
+
+def tiny_model(folder: Path, arch=TINY_ARCH, seed: int = 0):
+    """(tokenizer, model) of an untrained tiny model, saved with save_scratch_model."""
+    from stages.core.modeling import build_scratch_model, build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_scratch_model(arch, len(tok), tok.eos_token_id, seed=seed)
+    save_scratch_model(folder, model, tok)
+    return tok, model
+
+
+def write_problems(path: Path, problems) -> Path:
+    """A prepared-problems Parquet file of `problems` (Problem objects; prompts are rendered
+    with the arithmetic template when they have none)."""
+    from stages.core.io import provenance, write_parquet
+    from stages.core.problems import PROBLEM_SCHEMA, render_prompt
+
+    rows = []
+    for p in problems:
+        row = p.row()
+        row["prompt"] = row["prompt"] or render_prompt("Q: {question} A:", p)
+        rows.append({k: row[k] for k in PROBLEM_SCHEMA.names})
+    write_parquet(rows, path, PROBLEM_SCHEMA, provenance("test", "1", "h", 0))
+    return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import types
 
@@ -11,15 +10,10 @@ import pytest
 import yaml
 
 from stages.core.grading import grade_many
-from stages.core.io import provenance, read_provenance, write_parquet
-from stages.core.modeling import build_scratch_model, build_tokenizer
-from stages.core.problems import PROBLEM_SCHEMA, generate_arithmetic, render_prompt
+from stages.core.io import read_provenance
+from stages.core.problems import generate_arithmetic
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA, config_keys, metric_rows
-from tests.conftest import ROOT, run_stage, write_yaml
-
-ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=1,
-                             max_position_embeddings=128)
+from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
 
 
 def frame(correct: dict[str, list[bool]], answered=None, truncated=None) -> pl.DataFrame:
@@ -84,17 +78,8 @@ def test_metric_rows_rejects_uneven_samples_and_small_n():
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     d = tmp_path_factory.mktemp("evaluate")
-    tok = build_tokenizer()
-    model = build_scratch_model(ARCH, len(tok), tok.eos_token_id, seed=0)
-    model.save_pretrained(d / "checkpoint")
-    tok.save_pretrained(d / "checkpoint")
-    (d / "base.json").write_text(json.dumps({"kind": "scratch", "path": "checkpoint"}))
-    rows = []
-    for p in generate_arithmetic(5, seed=3, max_terms=3):
-        row = p.row()
-        row["prompt"] = render_prompt("Q: {question} A:", p)
-        rows.append({k: row[k] for k in PROBLEM_SCHEMA.names})
-    write_parquet(rows, d / "problems.parquet", PROBLEM_SCHEMA, provenance("t", "1", "h", 0))
+    tiny_model(d)
+    write_problems(d / "problems.parquet", generate_arithmetic(5, seed=3, max_terms=3))
     raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
     raw["evaluate"].update(n=4, k=[1, 2, 4], max_new_tokens=10, bootstrap=50)
     cfg = write_yaml(d / "cfg.yaml", raw)

@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stages.core.io import ArtifactError
 from stages.core.modeling import (
     EOS,
-    build_scratch_model,
     build_tokenizer,
     load_model_and_tokenizer,
     load_reference,
 )
+from tests.conftest import tiny_model
 
 TEXTS = [
     "Q: 1-4+3*7=? A: 3*7=21, 1-4=-3, -3+21=18. #### 18",
@@ -31,13 +31,9 @@ ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_la
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("model")
-    tok = build_tokenizer()
-    model = build_scratch_model(ARCH, len(tok), tok.eos_token_id, seed=0)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    (folder.parent / "base.json").write_text(json.dumps({"kind": "scratch", "path": folder.name}))
-    return folder, tok, model
+    d = tmp_path_factory.mktemp("model")
+    tok, model = tiny_model(d, ARCH)
+    return d / "checkpoint", tok, model
 
 
 def test_every_byte_is_one_token():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import types
 
 import polars as pl
 import pytest
@@ -15,31 +14,17 @@ from stages.config import load_config
 from stages.core.backends import SamplingSettings, generate
 from stages.core.io import provenance, write_parquet
 from stages.core.losses import group_advantages
-from stages.core.modeling import build_scratch_model, build_tokenizer
-from stages.core.problems import PROBLEM_SCHEMA, generate_arithmetic, render_prompt
+from stages.core.problems import generate_arithmetic
 from stages.core.scoring import pack, response_hidden
-from tests.conftest import ROOT, run_stage, write_yaml
-
-ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=1,
-                             max_position_embeddings=128)
+from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A saved untrained tiny model, its base.json, a prompt file and a config."""
     d = tmp_path_factory.mktemp("stage")
-    tok = build_tokenizer()
-    model = build_scratch_model(ARCH, len(tok), tok.eos_token_id, seed=0)
-    model.save_pretrained(d / "checkpoint")
-    tok.save_pretrained(d / "checkpoint")
-    (d / "base.json").write_text(json.dumps({"kind": "scratch", "path": "checkpoint"}))
-    rows = []
-    for p in generate_arithmetic(12, seed=0, max_terms=3):
-        row = p.row()
-        row["prompt"] = render_prompt("Q: {question} A:", p)
-        rows.append({k: row[k] for k in PROBLEM_SCHEMA.names})
-    write_parquet(rows, d / "prompts.parquet", PROBLEM_SCHEMA, provenance("t", "1", "h", 0))
+    tiny_model(d)
+    write_problems(d / "prompts.parquet", generate_arithmetic(12, seed=0, max_terms=3))
     import yaml
 
     raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())

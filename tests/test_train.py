@@ -25,15 +25,15 @@ import yaml
 
 from stages import train
 from stages.config import ConfigError, validate
-from stages.core.io import ArtifactError, provenance, write_parquet
+from stages.core.io import ArtifactError
 from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
 from stages.core.modeling import build_scratch_model, build_tokenizer
 from stages.core.policy import grid, head_logprobs, score_scope, valid_grid
-from stages.core.problems import PROBLEM_SCHEMA, Problem, render_prompt
+from stages.core.problems import Problem, render_prompt
 from stages.core.scoring import pack
 from stages.core.selectors import SelectionInput, select_tokens
 from stages.core.stats import chunked_token_statistics
-from tests.conftest import ROOT, run_stage, write_yaml
+from tests.conftest import ROOT, run_stage, save_scratch_model, write_problems, write_yaml
 
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                              num_attention_heads=2, num_key_value_heads=1,
@@ -271,11 +271,8 @@ def job(tmp_path_factory):
     train_sft(model, tok, examples,
               types.SimpleNamespace(steps=60, batch_size=20, lr=1e-2, warmup_steps=5, weight_decay=0.0),
               seed=0)
-    model.save_pretrained(d / "checkpoint")
-    tok.save_pretrained(d / "checkpoint")
-    (d / "base.json").write_text(json.dumps({"kind": "scratch", "path": "checkpoint"}))
-    write_parquet([{k: p.row()[k] for k in PROBLEM_SCHEMA.names} for p in problems],
-                  d / "prompts.parquet", PROBLEM_SCHEMA, provenance("test", "1", "h", 0))
+    save_scratch_model(d, model, tok)
+    write_problems(d / "prompts.parquet", problems)
     raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
     raw["train"].update(steps=6, prompts_per_step=4, group_size=4, mini_batch_prompts=2,
                         micro_batch_size=4, lr=3e-3, warmup_steps=1, max_response_tokens=12,

@@ -41,24 +41,36 @@ def generate(backend: str, model_ref: str | Path, prompts: list[str], s: Samplin
     raise ValueError(f"unknown rollout backend {backend!r} (hf or vllm)")
 
 
-def generate_vllm(model_ref: str | Path, prompts: list[str], s: SamplingSettings) -> list[Sample]:
-    """vLLM's offline engine; the same columns as `hf`. Needs `pip install -e '.[gpu]'` and a GPU."""
-    from vllm import LLM, SamplingParams  # optional extra: imported only here
-
+def vllm_source(model_ref: str | Path) -> tuple[str, str | None]:
+    """(what vLLM loads: a local folder or a hub id, the hub revision or None) of a model reference."""
     ref = load_reference(model_ref)
-    where, revision = (ref["path"], None) if ref["kind"] == "scratch" else (ref["model_id"], ref["revision"])
-    llm = LLM(model=where, revision=revision, tokenizer_revision=revision,
-              tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")
-    tokenizer = llm.get_tokenizer()
-    params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p,
-                            max_tokens=s.max_new_tokens, seed=s.seed,
-                            skip_special_tokens=True)
+    return (ref["path"], None) if ref["kind"] == "scratch" else (ref["model_id"], ref["revision"])
+
+
+def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: float, top_p: float,
+                max_new_tokens: int, seed: int, use_tqdm: bool = True) -> list[Sample]:
+    """`n` responses to every prompt from a vLLM engine, as `hf`'s :class:`Sample` rows, ordered
+    by (prompt, sample). The rollout, evaluation and training stages all sample vLLM here."""
+    from vllm import SamplingParams  # optional extra: imported only here
+
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                            seed=seed, skip_special_tokens=True)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=use_tqdm)
     samples = []
     for i, out in enumerate(outputs):
         for j, completion in enumerate(out.outputs):
             reason = "stop" if completion.finish_reason == "stop" else "length"
-            samples.append(Sample(i, j, prompt_ids[i], list(completion.token_ids),
-                                  completion.text, reason))
+            samples.append(Sample(i, j, prompt_ids[i], list(completion.token_ids), completion.text, reason))
     return samples
+
+
+def generate_vllm(model_ref: str | Path, prompts: list[str], s: SamplingSettings) -> list[Sample]:
+    """vLLM's offline engine; the same columns as `hf`. Needs `pip install -e '.[gpu]'` and a GPU."""
+    from vllm import LLM  # optional extra: imported only here
+
+    where, revision = vllm_source(model_ref)
+    llm = LLM(model=where, revision=revision, tokenizer_revision=revision,
+              tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")
+    return sample_vllm(llm, llm.get_tokenizer(), prompts, n=s.n, temperature=s.temperature,
+                       top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed)

@@ -13,8 +13,8 @@ import os
 
 import torch
 
+from .backends import sample_vllm, vllm_source
 from .generation import Sample, sample_hf
-from .modeling import load_reference
 
 
 class HfPolicySampler:
@@ -49,9 +49,7 @@ class VllmPolicySampler:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # optional GPU extra: imported only here
 
-        ref = load_reference(model_ref)
-        where = ref["path"] if ref["kind"] == "scratch" else ref["model_id"]
-        revision = None if ref["kind"] == "scratch" else ref["revision"]
+        where, revision = vllm_source(model_ref)
         self.model = model
         self.tokenizer = tokenizer
         self.llm = LLM(
@@ -87,17 +85,5 @@ class VllmPolicySampler:
 
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int, seed: int, desc: str = "rollout") -> list[Sample]:
-        from vllm import SamplingParams
-
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p,
-                                max_tokens=max_new_tokens, seed=seed, skip_special_tokens=True)
-        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params,
-                                    use_tqdm=False)
-        samples = []
-        for i, out in enumerate(outputs):
-            for j, completion in enumerate(out.outputs):
-                reason = "stop" if completion.finish_reason == "stop" else "length"
-                samples.append(Sample(i, j, prompt_ids[i], list(completion.token_ids),
-                                      completion.text, reason))
-        return samples
+        return sample_vllm(self.llm, self.tokenizer, prompts, n=n, temperature=temperature,
+                           top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, use_tqdm=False)

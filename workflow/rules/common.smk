@@ -84,8 +84,12 @@ def figures_dir():
 
 
 def final_targets():
-    """The targets of the default run: the tables, and so every job of the grid before them."""
-    return [f"{tables_dir()}/tables.html"]
+    """The targets of the default run: every table and figure, and so every job of the grid
+    before them (all of them, so that a deleted or newly added table brings the tables job back)."""
+    from stages.tables import output_names
+
+    names = output_names(CFG)
+    return [f"{tables_dir()}/{n}" for n in names["tables"]] + [f"{figures_dir()}/{n}" for n in names["figures"]]
 
 
 # A job reruns when the parts of the config it reads change, and only then.
