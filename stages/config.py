@@ -411,6 +411,14 @@ class Config(Strict):
             if exp.sft_dataset is None:
                 raise _RefError("experiment.sft_dataset", "scratch models need an SFT dataset")
             check("experiment.sft_dataset", [exp.sft_dataset], self.datasets, "sft")
+        for size in exp.sizes:  # a vLLM engine spans tensor_parallel_size GPUs of its job
+            m = self.models[size]
+            for rule, backend in (("rollout", self.rollout.backend), ("evaluate", self.evaluate.backend)):
+                have = getattr(m.gpus, rule)
+                if backend == "vllm" and have < m.tensor_parallel_size:
+                    raise _RefError(f"models.{size}.tensor_parallel_size",
+                                    f"{m.tensor_parallel_size} GPUs of tensor parallelism, but "
+                                    f"gpus.{rule} gives the {rule} job {have} ({rule}.backend is vllm)")
         for rule in Resources.model_fields:
             spec = getattr(self.resources, rule)
             for size in getattr(spec, "sizes", {}):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import yaml
 
 from stages.config import ConfigError, load_config, validate
 from tests.conftest import ROOT, write_yaml
@@ -155,3 +158,14 @@ def test_section_hash_tracks_only_its_section(default_raw):
     # dots in names (qwen2.5-7b) do not split the path
     paper = load_config(ROOT / "config" / "paper.yaml")
     assert paper.section_hash("models/qwen2.5-7b") != paper.section_hash("models/qwen2.5-0.5b")
+
+
+def test_vllm_jobs_get_their_tensor_parallel_gpus():
+    raw = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    validate(copy.deepcopy(raw), "paper.yaml")  # 7B: tensor parallel 2 on 2 GPUs per job
+    bad = copy.deepcopy(raw)
+    bad["models"]["qwen2.5-7b"]["gpus"]["evaluate"] = 1
+    assert ("paper.yaml: models.qwen2.5-7b.tensor_parallel_size: 2 GPUs of tensor parallelism, but "
+            "gpus.evaluate gives the evaluate job 1 (evaluate.backend is vllm)") in errors_of(bad, "paper.yaml")
+    bad["evaluate"]["backend"] = "hf"  # transformers on one device: no tensor parallelism to fit
+    validate(bad, "paper.yaml")
