@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=10 "$@"

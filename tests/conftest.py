@@ -83,3 +83,29 @@ def write_problems(path: Path, problems) -> Path:
         rows.append({k: row[k] for k in PROBLEM_SCHEMA.names})
     write_parquet(rows, path, PROBLEM_SCHEMA, provenance("test", "1", "h", 0))
     return path
+
+
+SITE_VARIABLES = ("SBATCH_PARTITION", "SBATCH_ACCOUNT", "SBATCH_QOS", "ICT_GPU_PARTITION")
+
+
+def workflow_env(**extra: str) -> dict[str, str]:
+    """The environment a workflow run gets in the tests: offline, no site settings of the caller."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    for var in SITE_VARIABLES:
+        env.pop(var, None)
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="session")
+def local_test_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """config/test.yaml run once per session with the local executor (`--cores 2`): (its working
+    folder, the finished process). The workflow tests check its outputs, and the SLURM test
+    compares its own run with it, so the ~80 s run is paid once."""
+    wd = tmp_path_factory.mktemp("local-run")
+    proc = subprocess.run(
+        ["timeout", "-k", "10", "600", sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"),
+         "--directory", str(wd), "--cores", "2", "--configfile", str(ROOT / "config" / "test.yaml")],
+        capture_output=True, text=True, env=workflow_env(), cwd=wd,
+    )
+    return wd, proc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -38,10 +39,17 @@ def rollout(d, cfg, out):
                      str(d / "base.json"), "--prompts", str(d / "prompts.parquet"), "--out", str(out))
 
 
-def test_rollout_columns_rewards_and_determinism(setup):
+@pytest.fixture(scope="module")
+def rolled(setup) -> Path:
+    """One rollout file of the tiny model, made once for the module (the stage is deterministic)."""
     d, cfg = setup
     proc = rollout(d, cfg, d / "r1.parquet")
     assert proc.returncode == 0, proc.stderr
+    return d / "r1.parquet"
+
+
+def test_rollout_columns_rewards_and_determinism(setup, rolled):
+    d, cfg = setup
     frame = pl.read_parquet(d / "r1.parquet")
     assert frame.height == 18 and frame["sample_id"].n_unique() == 18
     for col in ("sample_id", "problem_id", "sample_idx", "prompt", "response", "prompt_token_ids",
@@ -55,7 +63,7 @@ def test_rollout_columns_rewards_and_determinism(setup):
     for reason, ids in zip(frame["finish_reason"], frame["response_token_ids"], strict=True):
         # stop: ends with eos; length: the limit reached without one
         assert (ids[-1] == 256) if reason == "stop" else (len(ids) == 12 and 256 not in ids)
-    proc = rollout(d, cfg, d / "r2.parquet")
+    assert rollout(d, cfg, d / "r2.parquet").returncode == 0
     assert (d / "r1.parquet").read_bytes() == (d / "r2.parquet").read_bytes()
 
 
@@ -109,15 +117,14 @@ def test_teacher_forcing_aligns_with_a_float64_reference(setup):
     torch.testing.assert_close(stats["jsd"].double(), jsd_ref, atol=1e-5, rtol=1e-4)
 
 
-def test_token_stats_stage(setup):
+def test_token_stats_stage(setup, rolled):
     d, cfg = setup
-    assert rollout(d, cfg, d / "r.parquet").returncode == 0
     out = d / "ts"
     proc = run_stage("token_stats", "--config", str(cfg), "--size", "tiny-s", "--model",
-                     str(d / "base.json"), "--rollouts", str(d / "r.parquet"), "--out-dir", str(out))
+                     str(d / "base.json"), "--rollouts", str(rolled), "--out-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     tokens = pl.read_parquet(out / "tokens.parquet")
-    rollouts = pl.read_parquet(d / "r.parquet")
+    rollouts = pl.read_parquet(rolled)
     n = int(rollouts["response_token_ids"].list.len().sum())
     assert tokens.height == n
     assert tokens["token_id"].to_list() == rollouts["response_token_ids"].explode().to_list()
@@ -139,10 +146,9 @@ def test_token_stats_stage(setup):
     assert "<span class='tok" in (out / "tokens.html").read_text()
 
 
-def test_token_stats_refuses_foreign_rollouts(setup, tmp_path):
+def test_token_stats_refuses_foreign_rollouts(setup, rolled, tmp_path):
     d, cfg = setup
-    assert rollout(d, cfg, d / "r3.parquet").returncode == 0
-    frame = pl.read_parquet(d / "r3.parquet")
+    frame = pl.read_parquet(rolled)
     bad = frame.with_columns(pl.col("response_token_ids").list.eval(pl.element() + 1000))
     write_parquet(bad, tmp_path / "bad.parquet",
                   __import__("stages.rollout", fromlist=["ROLLOUT_SCHEMA"]).ROLLOUT_SCHEMA,

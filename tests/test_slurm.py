@@ -36,7 +36,7 @@ from polars.testing import assert_frame_equal
 from stages.config import ConfigError, Gpus, load_config, validate
 from stages.core.io import read_provenance
 from stages.train import TIME_COLUMNS
-from tests.conftest import ROOT, write_yaml
+from tests.conftest import ROOT, workflow_env, write_yaml
 
 PACKAGES = ["slurm-wlm", "munge"]
 BINARIES = ["munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel"]
@@ -363,44 +363,34 @@ def scontrol_jobs() -> dict[str, dict[str, str]]:
     return jobs
 
 
-def run_env(**site: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    for var in ("SBATCH_PARTITION", "SBATCH_ACCOUNT", "SBATCH_QOS", "ICT_GPU_PARTITION"):
-        env.pop(var, None)
-    return {**env, **site}
-
-
 @pytest.fixture(scope="module")
-def runs(slurm_cluster, tmp_path_factory):
-    """The test config run through `--profile slurm`, and locally with --cores 2 alongside."""
+def runs(slurm_cluster, tmp_path_factory, request):
+    """The test config run through `--profile slurm`, and the session's local run beside it."""
     cfg = str(ROOT / "config" / "test.yaml")
     # the site's partition travels through the environment (common.smk); it is not the default one
-    env = run_env(SBATCH_PARTITION=PARTITION, ICT_GPU_PARTITION=GPU_PARTITION)
-    base = tmp_path_factory.mktemp("runs")
-    slurm_wd, local_wd = base / "slurm", base / "local"
-    slurm_wd.mkdir()
-    local_wd.mkdir()
+    env = workflow_env(SBATCH_PARTITION=PARTITION, ICT_GPU_PARTITION=GPU_PARTITION)
+    slurm_wd = tmp_path_factory.mktemp("slurm-run")
+    log = slurm_wd.parent / f"{slurm_wd.name}.log"
     started = time.monotonic()
-    # The local reference run computes while the SLURM run mostly waits on the scheduler.
-    local = subprocess.Popen(
-        snakemake_cmd(local_wd, "--cores", "2", "--configfile", cfg),
-        cwd=local_wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
     # --profile with a path: `--profile slurm` means ./slurm/ of the current directory.
     # No retries here: a failure should show at once, not after a resubmission.
-    slurm = subprocess.run(
-        snakemake_cmd(slurm_wd, "--profile", str(ROOT / "slurm"), "--configfile", cfg,
-                      "--retries", "0", "--slurm-keep-successful-logs", fast_polling=True),
-        cwd=slurm_wd, env=env, capture_output=True, text=True,
-    )
-    slurm_s = time.monotonic() - started
-    local_out = local.communicate(timeout=RUN_TIMEOUT_S + 30)[0]
-    print(f"\nSLURM run {slurm_s:.0f} s, local run done after {time.monotonic() - started:.0f} s")
+    with open(log, "w") as out:
+        slurm = subprocess.Popen(
+            snakemake_cmd(slurm_wd, "--profile", str(ROOT / "slurm"), "--configfile", cfg,
+                          "--retries", "0", "--slurm-keep-successful-logs", fast_polling=True),
+            cwd=slurm_wd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )
+        # The local reference run (the session's, started here if no test has needed it yet)
+        # computes while the SLURM run mostly waits on the scheduler.
+        local_wd, local = request.getfixturevalue("local_test_run")
+        slurm.wait(timeout=RUN_TIMEOUT_S + 30)
+    slurm_out = log.read_text()
+    print(f"\nSLURM run and local run done after {time.monotonic() - started:.0f} s")
     assert slurm.returncode == 0, (
-        f"SLURM run failed ({slurm.returncode}):\n{slurm.stderr[-5000:]}\n"
+        f"SLURM run failed ({slurm.returncode}):\n{slurm_out[-5000:]}\n"
         f"{job_logs(slurm_wd)}\n{slurm_cluster.log_tails()}"
     )
+    local_out = local.stdout + local.stderr
     assert local.returncode == 0, local_out[-4000:]
     jobs = slurm_jobs(slurm_wd)
     print("SLURM jobs:\n" + "\n".join(

@@ -84,11 +84,11 @@ def test_bad_config_stops_before_scheduling(tmp_path, test_raw, edit, expect):
 
 
 @pytest.mark.slow
-def test_real_run_of_the_test_config(tmp_path):
+def test_real_run_of_the_test_config(local_test_run):
+    wd, proc = local_test_run
     cfg = ROOT / "config" / "test.yaml"
-    proc = snakemake("--cores", "2", "--configfile", str(cfg), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = tmp_path / "results" / "test"
+    results = wd / "results" / "test"
     data = pl.scan_parquet(results / "data" / "**" / "*.parquet", hive_partitioning=True).collect()
     assert sorted(data["dataset"].unique().to_list()) == ["arith-easy", "rl", "sft"]
     ref = json.loads((results / "models" / "size=tiny-s" / "base.json").read_text())
@@ -97,6 +97,6 @@ def test_real_run_of_the_test_config(tmp_path):
     assert 0.0 <= summary["accuracy_sampled"] <= 1.0 and summary["sft_steps"] == 20
     assert (results / "models" / "size=tiny-s" / "checkpoint" / "model.safetensors").exists()
     # a second run has nothing to do
-    again = snakemake("--cores", "2", "--configfile", str(cfg), cwd=tmp_path)
+    again = snakemake("--cores", "2", "--configfile", str(cfg), cwd=wd)
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
