@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from harness import (  # benchmarks/harness.py, beside this script
+    ROOT,
     measured,
     ratio_row,
     report,
@@ -47,7 +48,6 @@ LAYERS = 2
 PROMPT = 32
 TEMPERATURE = 1.0
 EPS_LOW, EPS_HIGH = 0.2, 0.28
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
@@ -81,8 +81,8 @@ def full_step(model, ids, cols, targets, advantages, rho, mask=None):
     with torch.no_grad():  # TRL's entropy_from_logits: row chunks, so no third (N, V) tensor
         rows = logits.reshape(-1, VOCAB)
         entropy = torch.cat([
-            -(chunk.log_softmax(-1).exp() * chunk.log_softmax(-1)).sum(-1)
-            for chunk in rows.split(128)
+            -(logps.exp() * logps).sum(-1)
+            for logps in (chunk.log_softmax(-1) for chunk in rows.split(128))
         ]).reshape(targets.shape)
     valid = torch.ones_like(targets, dtype=torch.bool)
     if mask is None:
