@@ -216,12 +216,17 @@ class Method(Strict):
             "stapo": {"tau_p", "q"},
             "ict": {"rho", "variant"},
         }[self.selector]
-        given = {k for k in ("rho", "variant", "tau_p", "q") if getattr(self, k) is not None}
+        given = set(self.selector_params())
         if missing := needs - given:
             raise ValueError(f"selector {self.selector!r} needs {sorted(missing)}")
         if extra := given - needs:
             raise ValueError(f"selector {self.selector!r} takes no {sorted(extra)}")
         return self
+
+    def selector_params(self) -> dict:
+        """The selector's keyword parameters that are set (validation makes them exactly the ones
+        the selector needs)."""
+        return {k: getattr(self, k) for k in ("rho", "variant", "tau_p", "q") if getattr(self, k) is not None}
 
 
 class Loss(Strict):
@@ -274,7 +279,7 @@ class Train(Strict):
 
     @model_validator(mode="after")
     def _batches_divide(self) -> Train:
-        if self.mini_batch_prompts > self.prompts_per_step or self.prompts_per_step % self.mini_batch_prompts:
+        if self.prompts_per_step % self.mini_batch_prompts:  # also refuses mini > prompts
             raise ValueError(
                 f"prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_batch_prompts"
                 f" ({self.mini_batch_prompts})"

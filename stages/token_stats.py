@@ -65,10 +65,8 @@ TOKEN_SCHEMA = pa.schema(
 def selector_params(cfg: Config, selector: str) -> dict:
     """Parameters of the first experiment method that uses `selector`, else METHODS' defaults."""
     for name in cfg.experiment.methods:
-        m = cfg.methods[name]
-        if m.selector == selector:
-            return {k: v for k, v in m.model_dump().items()
-                    if k in DEFAULT_PARAMS[selector] and v is not None}
+        if cfg.methods[name].selector == selector:
+            return cfg.methods[name].selector_params()
     return dict(DEFAULT_PARAMS[selector])
 
 

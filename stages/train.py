@@ -71,7 +71,6 @@ from .core.policy import (
     grid,
     head_logprobs,
     score_scope,
-    selector_params,
     valid_grid,
 )
 from .core.problems import PROBLEM_SCHEMA
@@ -206,7 +205,8 @@ class Dist:
 
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -249,7 +249,7 @@ def init_distributed(launch: Launch) -> Dist:
     """Start (or join) the process group through DeepSpeed."""
     if "RANK" not in os.environ:  # a plain `python -m stages.train`
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(free_port()))
     os.environ.setdefault("DS_ACCELERATOR", launch.device.type)
     if launch.device.type == "cuda":
         torch.cuda.set_device(launch.device)
@@ -473,7 +473,7 @@ def update_minibatch(engine, mb: Rollouts, method: Method, cfg: Config, dist: Di
         id_scores=tuple(x.cpu() for x in stats["id_scores"]) if "id_scores" in stats else None,
         generator=generator,
     )
-    mask = select_tokens(method.selector, inp, **selector_params(method))  # (B_all, T)
+    mask = select_tokens(method.selector, inp, **method.selector_params())  # (B_all, T)
     weights = loss_weights(mask, valid, loss_cfg.denominator)[valid]  # (N_all,)
     sel_all = mask[valid]  # (N_all,)
     n_local = len(ids)

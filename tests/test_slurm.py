@@ -35,7 +35,7 @@ from polars.testing import assert_frame_equal
 
 from stages.config import ConfigError, Gpus, load_config, validate
 from stages.core.io import read_provenance
-from stages.train import TIME_COLUMNS
+from stages.train import TIME_COLUMNS, free_port
 from tests.conftest import ROOT, workflow_env, write_yaml
 
 PACKAGES = ["slurm-wlm", "munge"]
@@ -77,12 +77,6 @@ def ensure_packages() -> None:
             unavailable(f"`{' '.join(cmd)}` failed, SLURM cannot be installed: {proc.stderr[-800:]}")
     if missing := missing_binaries():
         unavailable(f"apt-get installed {PACKAGES} but {missing} are still missing")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def running(name: str) -> list[str]:

@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from stages.core.problems import Problem, render_prompt
 from stages.core.scoring import pack
 from stages.core.selectors import SelectionInput, select_tokens
 from stages.core.stats import chunked_token_statistics
+from stages.train import free_port
 from tests.conftest import ROOT, run_stage, save_scratch_model, write_problems, write_yaml
 
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -216,18 +216,12 @@ def _update_worker(out: str) -> None:
         torch.save(results, out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_give_the_loss_and_update_of_one(tmp_path):
     code = "import sys; from tests.test_train import _update_worker; _update_worker(sys.argv[1])"
     procs = []
     for world, out in ((1, tmp_path / "one.pt"), (2, tmp_path / "two.pt")):
-        port = str(_free_port())
+        port = str(free_port())
         for rank in range(world):
             env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}

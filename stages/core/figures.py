@@ -46,9 +46,7 @@ def training_curves(runs: pl.DataFrame, panels: list[tuple[str, str, bool]], ser
     `runs` has columns `method`, `seed`, `step` and the panel columns (a missing column shows
     "not recorded"). A log axis is used when asked for and the values span a decade or more.
     """
-    cols = 3
-    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(13, 3.5 * math.ceil(len(panels) / cols)),
-                             squeeze=False)
+    fig, axes = _grid(len(panels), 3, 13 / 3, 3.5)
     for ax, (column, panel_title, log) in zip(axes.flat, panels, strict=False):
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel("step")
@@ -66,12 +64,7 @@ def training_curves(runs: pl.DataFrame, panels: list[tuple[str, str, bool]], ser
             _message(ax, "no training metrics" if runs.is_empty() else "not recorded")
         elif log and _spans_decades(runs[column].drop_nulls().to_list()):
             ax.set_yscale("log")  # collapse and explosion both show on a log axis
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    _legend_right(fig, axes.flat)
-    fig.suptitle(title)
-    fig.tight_layout()
-    plots.save(fig, path)
+    _finish(fig, axes, len(panels), title, path)
 
 
 def pass_at_k_table(counts: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -99,9 +92,7 @@ def pass_at_k_panels(curves: pl.DataFrame, panels: list[tuple[str | None, str]],
     the other panels' benchmarks, drawn only for methods that have all of them.
     """
     benches = [b for b, _ in panels if b is not None]
-    cols = min(len(panels), 4)
-    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols,
-                             figsize=(3.6 * cols, 3.2 * math.ceil(len(panels) / cols)), squeeze=False)
+    fig, axes = _grid(len(panels), min(len(panels), 4), 3.6, 3.2)
     ticks = [2**i for i in range(int(math.log2(n)) + 1)]
     for ax, (bench, panel_title) in zip(axes.flat, panels, strict=False):
         ax.set_title(panel_title, fontsize=10)
@@ -126,7 +117,18 @@ def pass_at_k_panels(curves: pl.DataFrame, panels: list[tuple[str | None, str]],
         ax.set_xticks(ticks, [str(t) for t in ticks])
         if not drawn:
             _message(ax, "no evaluations")
-    for ax in list(axes.flat)[len(panels):]:
+    _finish(fig, axes, len(panels), title, path)
+
+
+def _grid(panels: int, cols: int, width: float, height: float):
+    """(figure, axes (rows, cols)) with room for `panels` panels of width × height inches."""
+    rows = math.ceil(panels / cols)
+    return plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+
+
+def _finish(fig, axes, used: int, title: str, path: str | Path) -> None:
+    """Blank the panels after the first `used`, put one legend at the right, title, save."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
     _legend_right(fig, axes.flat)
     fig.suptitle(title)

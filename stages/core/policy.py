@@ -127,12 +127,6 @@ def valid_grid(lengths: list[int] | Tensor) -> Tensor:
     return torch.arange(width)[None, :] < lengths[:, None]
 
 
-def selector_params(method) -> dict:
-    """The keyword parameters of a config.Method's selector (those that are set)."""
-    return {k: getattr(method, k) for k in ("rho", "variant", "tau_p", "q")
-            if getattr(method, k) is not None}
-
-
 def deviation_for(method) -> str | None:
     """What score_scope must add for a method: ICT's deviation, nothing for the others."""
     if method.selector != "ict":

@@ -30,10 +30,9 @@ class HfPolicySampler:
 
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int, seed: int, desc: str = "rollout") -> list[Sample]:
-        with torch.no_grad():
-            return sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
-                             top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-                             batch_size=self.batch_size, desc=desc)
+        return sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
+                         top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                         batch_size=self.batch_size, desc=desc)  # sample_hf runs without gradient
 
 
 class VllmPolicySampler:

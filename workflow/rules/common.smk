@@ -133,7 +133,7 @@ def job_resources(rule):
 
     One task on one node per job: a multi-GPU job starts its workers itself (stages.launch)."""
     resources = {
-        "cpus_per_task": lambda wildcards: job_request(rule, wildcards).cpus,
+        "cpus_per_task": job_threads(rule),
         "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
         # a resubmitted job (profile `retries`) gets more time: walltime kills are the usual failure
         "runtime": lambda wildcards, attempt: job_request(rule, wildcards).runtime * attempt,
