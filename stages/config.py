@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
 """Names of sizes, methods and datasets become path segments: no '/', '=' or spaces."""
@@ -94,6 +94,9 @@ class Dataset(Strict):
     template: Name = Field(description="prompt template (a key of `templates`)")
     source: Source
     label: str | None = Field(None, description="name printed in tables (default: the key)")
+    max_response_tokens: int | None = Field(
+        None, gt=0, description="training: generation limit of this dataset's prompts "
+        "(default train.max_response_tokens)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,6 +162,7 @@ class ModelSize(Strict):
     hub: HubModel | None = None
     gpus: Gpus = Field(default_factory=Gpus, description="GPUs per rule for this size")
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism")
+    lr: float | None = Field(None, gt=0, description="this size's training learning rate (default train.lr)")
     label: str | None = Field(None, description="name printed in tables (default: the key)")
 
     @model_validator(mode="after")
@@ -194,39 +198,42 @@ class TokenStats(Strict):
     chunk_vocab: int = Field(32768, gt=0, description="vocabulary entries per chunk")
 
 
-class Method(Strict):
-    """A training method: the token selector and its parameters (METHODS §3)."""
+class Method(BaseModel):
+    """A training method: a registered token selector, its parameters and a dense warm-up.
 
-    selector: Literal["all", "entropy_top", "entropy_bottom", "random", "stapo", "ict"]
-    rho: float | None = Field(None, gt=0, le=1, description="selected fraction")
-    variant: Literal["token_id", "position", "pooled"] | None = Field(
-        None, description="ICT reading (ours, not the paper's): token_id, position or pooled"
-    )
-    tau_p: float | None = Field(None, gt=0, lt=1, description="STAPO probability threshold")
-    q: float | None = Field(None, gt=0, lt=1, description="STAPO entropy quantile")
+    Every key beside the ones below is a parameter of the selector, validated against its
+    registered parameter model (stages.core.selectors), whose defaults are METHODS §3's."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    selector: Name = Field(description="a registered selector (stages.core.selectors.SELECTORS)")
     label: str | None = Field(None, description="name printed in tables (default: the key)")
-
-    @model_validator(mode="after")
-    def _params_fit_selector(self) -> Method:
-        needs = {
-            "all": set(),
-            "entropy_top": {"rho"},
-            "entropy_bottom": {"rho"},
-            "random": {"rho"},
-            "stapo": {"tau_p", "q"},
-            "ict": {"rho", "variant"},
-        }[self.selector]
-        given = set(self.selector_params())
-        if missing := needs - given:
-            raise ValueError(f"selector {self.selector!r} needs {sorted(missing)}")
-        if extra := given - needs:
-            raise ValueError(f"selector {self.selector!r} takes no {sorted(extra)}")
-        return self
+    warmup_steps: int = Field(
+        0, ge=0, description="dense warm-up: the first N rollout steps train every valid token "
+        "(ICT's Θ; must be shorter than train.steps)")
+    rescore: bool = Field(
+        True, description="score the selector's inputs with the current policy for each "
+        "mini-batch once the policy has moved (True), or use the sampling policy's scores of the "
+        "rollout step throughout (False, as ICT's paper does)")
+    paper_row: str | None = Field(
+        None, description="the papers' reported row this method stands for, printed beside ours "
+        "(a key of stages.core.reported.REPORTED_ROWS; None: no reported numbers)")
 
     def selector_params(self) -> dict:
-        """The selector's keyword parameters that are set (validation makes them exactly the ones
-        the selector needs)."""
-        return {k: getattr(self, k) for k in ("rho", "variant", "tau_p", "q") if getattr(self, k) is not None}
+        """The selector's keyword parameters: the configured ones with the model's defaults."""
+        return self.params().model_dump()
+
+    def params(self):
+        """The selector's validated parameter model (pydantic.ValidationError if invalid)."""
+        from .core.selectors import spec_of
+
+        return spec_of(self.selector).validate(dict(self.model_extra or {}))
+
+    def needs(self) -> frozenset[str]:
+        """The selection inputs the selector reads with these parameters."""
+        from .core.selectors import spec_of
+
+        return spec_of(self.selector).needs(self.params())
 
 
 class Loss(Strict):
@@ -248,14 +255,21 @@ class Train(Strict):
     prompts_per_step: int = Field(128, gt=0, description="prompts sampled per rollout step")
     group_size: int = Field(8, gt=1, description="responses per prompt (G)")
     mini_batch_prompts: int = Field(32, gt=0, description="prompts per optimizer mini-batch")
-    micro_batch_size: int = Field(8, gt=0, description="sequences per forward/backward")
+    micro_batch_size: int = Field(8, gt=0, description="most sequences per forward/backward")
+    micro_batch_tokens: int | None = Field(
+        None, gt=0, description="token budget of a forward/backward: consecutive sequences while "
+        "sequences × longest (prompt + response) stays within it (None: micro_batch_size only)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute the trunk's activations in the backward pass (less memory)")
     ppo_epochs: int = Field(1, gt=0, description="passes over each rollout batch (one optimizer step per mini-batch)")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warm-up)")
     warmup_steps: int = Field(10, ge=0, description="rollout steps of linear learning-rate warm-up")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay (all parameters)")
     grad_clip: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
     temperature: float = Field(1.0, gt=0, description="rollout temperature")
-    top_p: float = Field(1.0, gt=0, le=1, description="rollout nucleus sampling")
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="rollout nucleus sampling: must be 1 (the ratio and the "
+        "token statistics assume the full softmax the responses were sampled from)")
     max_response_tokens: int = Field(4096, gt=0, description="rollout generation limit")
     prompt_pool: int | None = Field(
         None, gt=0, description="train on the first N prompts of the prompt file only (None: all)"
@@ -276,6 +290,15 @@ class Train(Strict):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision (bfloat16: DeepSpeed bf16)")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
     checkpoint_every: int = Field(10, gt=0, description="resume checkpoint every N steps")
+
+    @field_validator("top_p")
+    @classmethod
+    def _full_softmax(cls, value: float) -> float:
+        if value != 1.0:
+            raise ValueError(
+                f"{value} is refused: the PPO ratio, KL and token statistics use the full softmax, "
+                "while nucleus sampling draws from a truncated one; use 1.0")
+        return value
 
     @model_validator(mode="after")
     def _batches_divide(self) -> Train:
@@ -375,13 +398,17 @@ class Experiment(Strict):
     benchmarks: list[Name] = Field(min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     sft_dataset: Name | None = Field(None, description="SFT data of scratch models")
-    train_dataset: Name = Field(description="RL training prompts")
+    train_datasets: list[Name] = Field(
+        min_length=1, description="RL training prompts (several: one mixed prompt pool)")
 
 
 class Config(Strict):
     """The whole workflow configuration."""
 
     run: Name = Field(description="results go under results/<run>/")
+    selector_modules: list[str] = Field(
+        default_factory=list, description="modules (dotted names or .py paths) imported before "
+        "validation, so that the selectors they register can be used by methods")
     seed: int = Field(0, description="base seed of every random choice")
     experiment: Experiment
     templates: dict[Name, str]
@@ -408,7 +435,7 @@ class Config(Strict):
         check("experiment.sizes", exp.sizes, self.models)
         check("experiment.methods", exp.methods, self.methods)
         check("experiment.benchmarks", exp.benchmarks, self.datasets, "benchmark")
-        check("experiment.train_dataset", [exp.train_dataset], self.datasets, "train")
+        check("experiment.train_datasets", exp.train_datasets, self.datasets, "train")
         for i, name in enumerate(self.evaluate.main_methods or []):
             if name not in exp.methods:
                 raise _RefError(f"evaluate.main_methods.{i}", f"{name!r} is not in experiment.methods")
@@ -424,6 +451,8 @@ class Config(Strict):
                     raise _RefError(f"models.{size}.tensor_parallel_size",
                                     f"{m.tensor_parallel_size} GPUs of tensor parallelism, but "
                                     f"gpus.{rule} gives the {rule} job {have} ({rule}.backend is vllm)")
+        for name, method in self.methods.items():
+            _check_method(name, method, self.train, name in exp.methods)
         for rule in Resources.model_fields:
             spec = getattr(self.resources, rule)
             for size in getattr(spec, "sizes", {}):
@@ -441,7 +470,7 @@ class Config(Strict):
 
     def used_datasets(self) -> list[str]:
         """Datasets the grid needs, in a stable order."""
-        names = [self.experiment.train_dataset, *self.experiment.benchmarks]
+        names = [*self.experiment.train_datasets, *self.experiment.benchmarks]
         if self.experiment.sft_dataset and any(
             self.models[s].source == "scratch" for s in self.experiment.sizes
         ):
@@ -453,6 +482,65 @@ class Config(Strict):
 
         Paths use '/' because names may contain dots."""
         return digest({k: _lookup(self.model_dump(mode="json"), k) for k in keys})
+
+
+def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None:
+    """The selector exists and its parameters validate; a run's warm-up is shorter than the run."""
+    from .core.selectors import SELECTORS
+
+    if method.selector not in SELECTORS:
+        raise _RefError(f"methods.{name}.selector",
+                        f"unknown selector {method.selector!r}; registered: {sorted(SELECTORS)}")
+    try:
+        method.params()
+    except ValidationError as err:
+        e = err.errors()[0]
+        key = ".".join(str(p) for p in e["loc"])
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        raise _RefError(f"methods.{name}.{key}", msg) from None
+    if in_run and method.warmup_steps >= train.steps:
+        raise _RefError(f"methods.{name}.warmup_steps",
+                        f"a dense warm-up of {method.warmup_steps} steps is not shorter than the "
+                        f"run (train.steps = {train.steps})")
+    if method.paper_row is not None:
+        from .core.reported import REPORTED_ROWS
+
+        if method.paper_row not in REPORTED_ROWS:
+            raise _RefError(f"methods.{name}.paper_row",
+                            f"unknown reported row {method.paper_row!r}; known: {sorted(REPORTED_ROWS)}")
+
+
+def import_selector_modules(names: list, source: str) -> None:
+    """Import the config's selector_modules (dotted names or .py files) so their selectors register."""
+    import importlib
+    import importlib.util
+    import sys
+
+    for i, name in enumerate(names):
+        key = f"{source}: selector_modules.{i}"
+        if not isinstance(name, str):
+            raise ConfigError(f"invalid config\n  {key}: a module name or .py path, got {name!r}")
+        try:
+            if name.endswith(".py"):
+                path = Path(name).resolve()
+                mod_name = "ict_rlvr_selectors_" + digest(str(path))
+                if mod_name in sys.modules:
+                    continue
+                spec = importlib.util.spec_from_file_location(mod_name, path)
+                if spec is None or not path.exists():
+                    raise FileNotFoundError(f"no file {path}")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[mod_name] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[mod_name]
+                    raise
+            else:
+                importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - any import failure is a config error here
+            raise ConfigError(f"invalid config\n  {key}: cannot import {name!r}: "
+                              f"{type(err).__name__}: {err}") from None
 
 
 class _RefError(ValueError):
@@ -478,6 +566,8 @@ def validate(raw: Any, source: str) -> Config:
     """Validate a raw mapping; ConfigError names `source` and the dotted key of each problem."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the config must be a mapping, got {type(raw).__name__}")
+    modules = raw.get("selector_modules") or []
+    import_selector_modules(modules if isinstance(modules, list) else [modules], source)
     try:
         return Config.model_validate(raw)
     except ValidationError as err:

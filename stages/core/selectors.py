@@ -1,21 +1,31 @@
 """Token selectors: which valid positions of a selection scope receive policy gradient (METHODS §3).
 
 A selector is a pure function ``f(inp: SelectionInput, **params) -> Tensor`` registered by name
-with :func:`register_selector`; call it through :func:`select_tokens`, which runs it under
-no_grad and checks that the mask is boolean, of shape (B, T) and False on every invalid
-position. A selector sees the whole scope at once, so its mask does not depend on how the scope
-is split into micro-batches or ranks.
+with :func:`register_selector`, which also declares what it reads and what it takes:
+
+    @register_selector("my_rule", needs=("entropy", "logprob"), params=MyParams)
+    def select_my_rule(inp: SelectionInput, alpha: float = 0.5) -> Tensor: ...
+
+- ``needs`` names the :class:`SelectionInput` fields the selector reads (a tuple, or a function of
+  its validated parameters when that depends on them). The trainer's scorer computes exactly the
+  statistics in it (STATISTICS), and only those are gathered across ranks.
+- ``params`` is a pydantic model of its keyword parameters with METHODS' defaults; the config's
+  ``methods.<name>`` keys beside ``selector`` are validated against it, so a wrong key or value
+  is an error naming ``methods.<name>.<key>``.
+
+Call a selector through :func:`select_tokens`, which runs it under no_grad and checks that the
+mask is boolean, of shape (B, T) and False on every invalid position. A selector sees the whole
+scope at once, so its mask does not depend on how the scope is split into micro-batches or ranks.
 
 Conventions shared by all selectors:
 
-- Counts are k = ceil(ρ·N) (N valid positions) or ceil(ρ·U) (U unique sampled ids), with ρ
-  read as the decimal it is written as, so ρ = 0.7 and N = 10 give k = 7 (not the 8 that
-  float rounding of 0.7·10 would give). ρ = 0 selects nothing; ρ = 1 selects every valid token;
-  N = 0 gives an all-False mask.
-- Top-k uses torch.topk for the k-th largest value, then takes every value above it and, among
-  values equal to it, the earliest positions in row-major (sequence, then time) order. The mask
-  is therefore deterministic under ties. Ties among vocabulary ids go to the smaller id, which
-  does not depend on where in the batch an id first occurs.
+- Counts are k = ceil(ρ·N) (N valid positions, or T_i of one response for per-response rules) or
+  ceil(ρ·U) (U unique sampled ids), with ρ read as the decimal it is written as, so ρ = 0.7 and
+  N = 10 give k = 7 (not the 8 that float rounding of 0.7·10 would give). ρ = 1 selects every
+  valid token; N = 0 gives an all-False mask.
+- Top-k takes the k largest values and, among values equal to the k-th, the earliest positions
+  in row-major (sequence, then time) order, so the mask is deterministic under ties. Ties among
+  vocabulary ids go to the smaller id, which does not depend on where in the batch an id occurs.
 - An integer (or 0/1 float) response mask is converted with ``!= 0`` after checking that it
   only holds 0 and 1, so it selects exactly what the boolean mask would.
 """
@@ -23,27 +33,79 @@ Conventions shared by all selectors:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 Selector = Callable[..., Tensor]
-SELECTORS: dict[str, Selector] = {}
+
+INPUTS = ("entropy", "logprob", "renyi2", "jsd", "group_jsd", "token_ids", "advantages")
+"""The SelectionInput fields a selector may need."""
+STATISTICS = ("entropy", "logprob", "renyi2", "jsd", "group_jsd")
+"""The fields the scorer computes from the policy's distributions (the rest come with the batch):
+entropy, logprob, renyi2 in one pass; jsd (deviation from the scope's mean distribution) and
+group_jsd (ICT's u: deviation from the group's mean at the same step) cost two passes each."""
 
 
-def register_selector(name: str) -> Callable[[Selector], Selector]:
-    """Decorator: register a selector under `name` in SELECTORS."""
+class Params(BaseModel):
+    """Base of a selector's parameter model: unknown keys are errors, values are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class NoParams(Params):
+    """A selector without parameters."""
+
+
+@dataclass(frozen=True)
+class SelectorSpec:
+    """A registered selector: the function, what it reads, and its parameter model."""
+
+    name: str
+    fn: Selector
+    needs_: tuple[str, ...] | Callable[[Params], Iterable[str]]
+    params: type[Params]
+
+    def validate(self, raw: dict) -> Params:
+        """The selector's parameters from config keys (pydantic.ValidationError when wrong)."""
+        return self.params.model_validate(raw)
+
+    def needs(self, params: Params | None = None) -> frozenset[str]:
+        """The SelectionInput fields this selector reads with these (validated) parameters."""
+        if callable(self.needs_):
+            return frozenset(self.needs_(params if params is not None else self.params()))
+        return frozenset(self.needs_)
+
+
+SELECTORS: dict[str, SelectorSpec] = {}
+
+
+def register_selector(name: str, *, needs: Iterable[str] | Callable[[Params], Iterable[str]] = (),
+                      params: type[Params] = NoParams) -> Callable[[Selector], Selector]:
+    """Decorator: register a selector under `name`, with the inputs it needs and its parameters."""
+    if not callable(needs):
+        needs = tuple(needs)
+        if unknown := set(needs) - set(INPUTS):
+            raise ValueError(f"selector {name!r} needs unknown inputs {sorted(unknown)}; known: {INPUTS}")
 
     def decorate(fn: Selector) -> Selector:
         if name in SELECTORS:
             raise ValueError(f"selector {name!r} is already registered")
-        SELECTORS[name] = fn
+        SELECTORS[name] = SelectorSpec(name, fn, needs, params)
         return fn
 
     return decorate
+
+
+def spec_of(name: str) -> SelectorSpec:
+    if name not in SELECTORS:
+        raise KeyError(f"unknown selector {name!r}; known: {sorted(SELECTORS)}")
+    return SELECTORS[name]
 
 
 def as_bool_mask(mask: Tensor) -> Tensor:
@@ -60,28 +122,29 @@ class SelectionInput:
     """The per-token statistics of one selection scope; every (B, T) field aligns with valid.
 
     valid: (B, T) response positions (bool, or 0/1 ints). entropy: (B, T) H in nats.
-    logprob: (B, T) log p(o) of the sampled token, nats. jsd: (B, T) d = JSD(p ‖ p̄), nats.
-    token_ids: (B, T) sampled ids. advantages: (B,) per response or (B, T) per token.
-    id_scores: (ids (U,), scores (U,)) per-id ICT scores computed over the whole scope (from
-    stats.pooled_id_scores, or stats.id_mean_scores of all-reduced stats.id_sums); required by
-    ict variant 'pooled', and used instead of jsd by 'token_id' when given.
+    logprob: (B, T) log p(o) of the sampled token, nats. renyi2: (B, T) H2 in nats.
+    jsd: (B, T) d = JSD(p ‖ p̄), p̄ the scope's mean distribution, nats.
+    group_jsd: (B, T) ICT's u = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean over the response's group at
+    step t (stats.group_step_jsd), nats. token_ids: (B, T) sampled ids.
+    advantages: (B,) per response or (B, T) per token.
     generator: torch.Generator for the 'random' selector (else a fresh one seeded with `seed`).
     """
 
     valid: Tensor
     entropy: Tensor | None = None
     logprob: Tensor | None = None
+    renyi2: Tensor | None = None
     jsd: Tensor | None = None
+    group_jsd: Tensor | None = None
     token_ids: Tensor | None = None
     advantages: Tensor | None = None
-    id_scores: tuple[Tensor, Tensor] | None = None
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
         self.valid = as_bool_mask(self.valid)
         if self.valid.dim() != 2:
             raise ValueError(f"valid must be (B, T), got shape {tuple(self.valid.shape)}")
-        for name in ("entropy", "logprob", "jsd", "token_ids"):
+        for name in ("entropy", "logprob", "renyi2", "jsd", "group_jsd", "token_ids"):
             value = getattr(self, name)
             if value is not None and value.shape != self.valid.shape:
                 raise ValueError(
@@ -100,11 +163,14 @@ class SelectionInput:
 
 
 def select_tokens(name: str, inp: SelectionInput, **params) -> Tensor:
-    """Run selector `name` on a scope: (B, T) bool mask, False on every invalid position."""
-    if name not in SELECTORS:
-        raise KeyError(f"unknown selector {name!r}; known: {sorted(SELECTORS)}")
+    """Run selector `name` on a scope: (B, T) bool mask, False on every invalid position.
+
+    params are the selector's keyword parameters (validated against its parameter model; the
+    model's defaults fill the rest)."""
+    spec = spec_of(name)
+    kwargs = spec.validate(params).model_dump()
     with torch.no_grad():
-        mask = SELECTORS[name](inp, **params)
+        mask = spec.fn(inp, **kwargs)
     if mask.dtype != torch.bool or mask.shape != inp.valid.shape:
         raise TypeError(f"selector {name!r} returned {mask.dtype} {tuple(mask.shape)}")
     if bool((mask & ~inp.valid).any()):
@@ -135,6 +201,21 @@ def top_k_first(values: Tensor, k: int) -> Tensor:
     return above | (equal & (torch.cumsum(equal, 0) <= room))
 
 
+def top_per_response(valid: Tensor, scores: Tensor, rho: float) -> Tensor:
+    """(B, T) mask of the top ceil(ρ·T_i) valid positions of each response i by score.
+
+    T_i is response i's number of valid positions; ties go to the earliest position."""
+    if bool(torch.isnan(scores[valid]).any()):
+        raise ValueError("cannot rank NaN scores")
+    ks = torch.tensor([count(rho, int(n)) for n in valid.sum(dim=1).tolist()], dtype=torch.long)
+    keyed = torch.where(valid, scores.double(), torch.tensor(-math.inf, dtype=torch.float64))
+    # a stable descending sort keeps equal scores in position order: ties go to the earliest
+    order = torch.sort(keyed, dim=1, descending=True, stable=True).indices  # (B, T)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order).contiguous())
+    return valid & (rank < ks.to(rank.device)[:, None])
+
+
 def _scatter(valid: Tensor, chosen: Tensor) -> Tensor:
     """(B, T) mask from a choice (N,) over the valid positions in row-major order."""
     mask = torch.zeros_like(valid)
@@ -147,34 +228,50 @@ def _top_positions(valid: Tensor, scores: Tensor, rho: float) -> Tensor:
     return _scatter(valid, top_k_first(values, count(rho, values.numel())))
 
 
+
 @register_selector("all")
 def select_all(inp: SelectionInput) -> Tensor:
     """GRPO / DAPO: every valid token."""
     return inp.valid.clone()
 
 
-@register_selector("entropy_top")
+class EntropyParams(Params):
+    rho: float = Field(0.2, gt=0, le=1, description="fraction of the scope's tokens by entropy")
+
+
+@register_selector("entropy_top", needs=("entropy",), params=EntropyParams)
 def select_entropy_top(inp: SelectionInput, rho: float = 0.2) -> Tensor:
     """20-Entropy: the ceil(ρN) valid tokens of highest entropy (ties: earliest first)."""
     return _top_positions(inp.valid, inp.need("entropy"), rho)
 
 
-@register_selector("entropy_bottom")
+@register_selector("entropy_bottom", needs=("entropy",), params=EntropyParams)
 def select_entropy_bottom(inp: SelectionInput, rho: float = 0.2) -> Tensor:
     """Control: the valid tokens that entropy_top leaves out, the N - ceil(ρN) lowest in H."""
     return inp.valid & ~select_entropy_top(inp, rho)
 
 
-@register_selector("random")
-def select_random(inp: SelectionInput, rho: float = 0.1, seed: int = 0) -> Tensor:
-    """Control: ceil(ρN) valid tokens drawn uniformly without replacement.
+class RandomParams(Params):
+    rho: float = Field(0.1, gt=0, le=1, description="fraction of tokens drawn")
+    scope: Literal["batch", "response"] = Field(
+        "batch", description="batch: ceil(ρN) of the scope; response: ceil(ρ·T_i) of each response")
+    seed: int = Field(0, description="seed when no generator is given (the trainer gives one)")
+
+
+@register_selector("random", params=RandomParams)
+def select_random(inp: SelectionInput, rho: float = 0.1, scope: str = "batch", seed: int = 0) -> Tensor:
+    """Control: ceil(ρN) valid tokens of the scope (or ceil(ρ·T_i) of each response) drawn
+    uniformly without replacement.
 
     Uses inp.generator when given (a run's stream), else a CPU generator seeded with `seed`.
     """
-    n = int(inp.valid.sum())
     generator = inp.generator
     if generator is None:
         generator = torch.Generator().manual_seed(seed)
+    if scope == "response":
+        scores = torch.rand(inp.valid.shape, generator=generator, device=generator.device)
+        return top_per_response(inp.valid, scores.to(inp.valid.device), rho)
+    n = int(inp.valid.sum())
     order = torch.randperm(n, generator=generator, device=generator.device)
     chosen = torch.zeros(n, dtype=torch.bool, device=generator.device)
     chosen[order[: count(rho, n)]] = True
@@ -201,7 +298,12 @@ def per_token(valid: Tensor, advantages: Tensor) -> Tensor:
     return advantages[:, None].expand(valid.shape) if advantages.dim() == 1 else advantages
 
 
-@register_selector("stapo")
+class StapoParams(Params):
+    tau_p: float = Field(0.002, gt=0, lt=1, description="probability threshold τ_p")
+    q: float = Field(0.75, gt=0, lt=1, description="entropy quantile of the candidates")
+
+
+@register_selector("stapo", needs=("entropy", "logprob", "advantages"), params=StapoParams)
 def select_stapo(inp: SelectionInput, tau_p: float = 0.002, q: float = 0.75) -> Tensor:
     """STAPO (S2T): keep every valid token except the spurious ones, which are silenced.
 
@@ -219,30 +321,51 @@ def select_stapo(inp: SelectionInput, tau_p: float = 0.002, q: float = 0.75) -> 
     return valid & ~(candidates & (entropy < tau_h))
 
 
-@register_selector("ict")
-def select_ict(inp: SelectionInput, rho: float = 0.1, variant: str = "token_id") -> Tensor:
-    """ICT, in one of three readings (METHODS §3); scores d are JSD(p ‖ p̄) in nats.
+ICT_VARIANTS = ("paper", "token_id", "scope_position")
 
-    token_id: s_v = mean d over the positions whose sampled id is v; the top ceil(ρU) ids
-    (ties: smaller id); every valid position of a selected id. position: the top ceil(ρN)
-    positions by d. pooled: like token_id with s_v = JSD(p̄_v ‖ p̄) from inp.id_scores.
+
+class IctParams(Params):
+    rho: float = Field(0.1, gt=0, le=1, description="fraction ρ (of each response for 'paper')")
+    variant: Literal["paper", "token_id", "scope_position"] = Field(
+        "paper", description="paper: ICT's rule; token_id, scope_position: our earlier readings "
+        "(labelled, never ICT)")
+    part: Literal["unique", "frequent"] = Field(
+        "unique", description="unique: the top ρ by u; frequent: the other positions of each "
+        "response (the paper's '90%-frequent' control; variant paper only)")
+
+
+def _ict_needs(p: IctParams) -> tuple[str, ...]:
+    return {"paper": ("group_jsd",), "token_id": ("jsd", "token_ids"),
+            "scope_position": ("jsd",)}[p.variant]
+
+
+@register_selector("ict", needs=_ict_needs, params=IctParams)
+def select_ict(inp: SelectionInput, rho: float = 0.1, variant: str = "paper",
+               part: str = "unique") -> Tensor:
+    """ICT (METHODS §3). Scores are JSDs in nats.
+
+    paper (ICT's rule): per response i, the top ceil(ρ·T_i) of its positions by
+    u_{i,t} = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean distribution of its group at step t (ties:
+    earliest); part='frequent' keeps the other positions instead.
+    Our earlier readings, labelled as such wherever they appear and contradicted by the
+    recovered text: token_id: s_v = mean of d = JSD(p ‖ p̄) (p̄ the scope mean) over the
+    positions whose sampled id is v, the top ceil(ρU) ids (ties: smaller id), every valid
+    position of a selected id; scope_position: the top ceil(ρN) positions of the scope by d.
     """
     valid = inp.valid
-    if variant == "position":
+    if variant != "paper" and part != "unique":
+        raise ValueError(f"ICT part {part!r} applies to variant 'paper' only")
+    if variant == "paper":
+        top = top_per_response(valid, inp.need("group_jsd"), rho)
+        return top if part == "unique" else valid & ~top
+    if variant == "scope_position":
         return _top_positions(valid, inp.need("jsd"), rho)
-    if variant not in ("token_id", "pooled"):
-        raise ValueError(f"unknown ICT variant {variant!r}; known: token_id, position, pooled")
+    if variant != "token_id":
+        raise ValueError(f"unknown ICT variant {variant!r}; known: {list(ICT_VARIANTS)}")
     token_ids = inp.need("token_ids")
-    if inp.id_scores is not None:
-        ids, scores = inp.id_scores
-    elif variant == "pooled":
-        raise ValueError("ICT 'pooled' needs id_scores (stats.pooled_id_scores)")
-    else:
-        ids, inverse = torch.unique(token_ids[valid], return_inverse=True)  # (U,) ascending
-        total = torch.zeros(ids.numel(), dtype=torch.float64, device=valid.device)
-        total.index_add_(0, inverse, inp.need("jsd")[valid].double())
-        scores = total / torch.bincount(inverse, minlength=ids.numel())
-    order = torch.argsort(ids)  # ascending ids, so ties go to the smaller id
-    ids, scores = ids[order], scores[order]
-    chosen = ids[top_k_first(scores, count(rho, ids.numel()))]
+    ids, inverse = torch.unique(token_ids[valid], return_inverse=True)  # (U,) ascending
+    total = torch.zeros(ids.numel(), dtype=torch.float64, device=valid.device)
+    total.index_add_(0, inverse, inp.need("jsd")[valid].double())
+    scores = total / torch.bincount(inverse, minlength=ids.numel())
+    chosen = ids[top_k_first(scores, count(rho, ids.numel()))]  # ascending ids: ties to the smaller
     return valid & torch.isin(token_ids, chosen.to(token_ids.device))
