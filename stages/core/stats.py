@@ -9,6 +9,8 @@ Every quantity is in nats:
 - ``max_prob``  max_j p_j                        (a probability, not a log)
 - ``logprob``   log p(o) of the sampled token o
 - ``jsd``       d = JSD(p ‖ p̄), p̄ the mean distribution over the valid positions of the scope
+- :func:`group_step_jsd`  ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean over the
+  responses of i's group that are active at step t (METHODS §3)
 
 There is one implementation, written over *blocks* of scaled logits (positions × vocabulary):
 the moments of a block are merged with an online logsumexp (running max, running sums), so the
@@ -30,7 +32,7 @@ differs from (h · W^T + b) / T only by float rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -196,8 +198,13 @@ class _Source:
             yield c, min(c + self.cv, self.vocab)
 
     def buffers(self, n: int, v: int) -> tuple[Tensor, Tensor]:
-        """Two contiguous (n, v) scratch tensors reused across blocks (no fresh page faults)."""
+        """Two contiguous (n, v) scratch tensors reused across blocks (no fresh page faults).
+
+        Grows once for a block of more than chunk_positions rows (group_step_jsd's key blocks).
+        """
         size = n * v
+        if 2 * size > self._buf.numel():
+            self._buf = torch.empty(2 * size, dtype=self.dtype, device=self.device)
         return self._buf[:size].view(n, v), self._buf[size : 2 * size].view(n, v)
 
     def block(self, a: int, b: int, c0: int, c1: int) -> Tensor:
@@ -218,6 +225,12 @@ class _Source:
     def probs(self, a: int, b: int, c0: int, c1: int, lse: Tensor) -> Tensor:
         """p = exp(z/T - logsumexp) (b - a, c1 - c0) of valid positions a..b."""
         return self.block(a, b, c0, c1).sub_(lse[a:b, None]).exp_()
+
+    def reorder(self, order: Tensor) -> None:
+        """Visit the valid positions in the order rows[order]: block(a, b) and scatter follow it."""
+        self.rows = self.rows[order]
+        if self.head is not None:
+            self.data = self.data[order]  # (N_valid, D)
 
     def scatter(self, values: Tensor) -> Tensor:
         """(N_valid,) values at the valid positions -> (...) with 0 elsewhere."""
@@ -414,6 +427,101 @@ def _valid_values(src: _Source, values: Tensor) -> Tensor:
     if values.shape != src.shape:
         raise ValueError(f"shape {tuple(values.shape)} != positions {tuple(src.shape)}")
     return values.reshape(-1).to(device=src.device, dtype=src.dtype)[src.rows]
+
+
+@torch.no_grad()
+def group_step_jsd(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    keys: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    logsumexp: Tensor | None = None,
+    *,
+    all_reduce: Callable[[Tensor], Tensor] | None = None,
+    all_keys: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> Tensor:
+    """ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t) in nats (METHODS §3), (...), in [0, ln 2].
+
+    p = softmax(z / T) over the full vocabulary, z from hidden (..., D) × head_weight (V, D)
+    [+ head_bias (V,)], or hidden read as materialised logits (..., V) when head_weight is None.
+    keys (...) integer: the (group, step) key of each position, composed by the caller (e.g.
+    group * max_len + step). P̄ for a key is the mean of p over the valid positions with that key:
+    padding (mask 0 / False) is excluded from the mean (ours; the paper does not say how unequal
+    lengths are handled), is never computed, and holds 0 in the result. A key that one position
+    alone holds (a step where one response of the group is still active) has P̄ = p bit for bit,
+    so u = 0 exactly. Returned in the compute dtype (float32; float64 for float64 input).
+    logsumexp (...), e.g. from :func:`chunked_token_statistics`, saves the first pass.
+
+    Memory: the valid rows are sorted by key (stably, so ties keep position order) and visited in
+    blocks of whole keys that start within the same window of chunk_positions rows (a key with more
+    rows is one block on its own); for each block and chunk of chunk_vocab entries, p of its rows,
+    the per-key sums of that chunk (index_add, float64) and the JSD terms of each row against its
+    key's mean are formed. JSD is a sum over vocabulary entries, so one pass over the vocabulary
+    follows the logsumexp pass, and nothing of size positions × V or keys × V ever exists.
+
+    Ranks: when a group's responses sit on several processes, all_reduce (sums a tensor over the
+    ranks, returning the sum) is applied to the per-key counts once and to every block's per-key
+    sums, and all_keys (1-D, sorted unique keys of every rank, gathered by the caller) fixes the
+    blocks, so that every rank makes the same collective calls in the same order, also for blocks
+    in which it holds no row. The float64 sums make u independent of how rows are split, to
+    rounding. Without all_reduce, all_keys defaults to this call's unique keys.
+    """
+    src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
+    if keys.shape != src.shape:
+        raise ValueError(f"keys shape {tuple(keys.shape)} != positions {tuple(src.shape)}")
+    if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
+        raise ValueError(f"keys must be integers, got {keys.dtype}")
+    row_keys, order = torch.sort(keys.reshape(-1).to(src.device)[src.rows].long(), stable=True)
+    src.reorder(order)  # the rows of a key are now contiguous
+    lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)  # (N_valid,)
+    if all_keys is None:
+        if all_reduce is not None:
+            raise ValueError("all_reduce needs all_keys: the sorted unique keys of every rank")
+        all_keys = torch.unique_consecutive(row_keys)  # (K,)
+    else:
+        all_keys = all_keys.to(src.device).long()
+        if all_keys.dim() != 1 or not bool((all_keys[1:] > all_keys[:-1]).all()):
+            raise ValueError("all_keys must be 1-D, sorted and unique")
+    n_keys = all_keys.numel()
+    out = torch.zeros(src.n, dtype=src.dtype, device=src.device)  # (N_valid,)
+    if n_keys == 0:
+        return src.scatter(out)
+    key_index = torch.searchsorted(all_keys, row_keys)  # (N_valid,) into all_keys
+    if src.n and not bool((all_keys[key_index.clamp(max=n_keys - 1)] == row_keys).all()):
+        raise ValueError("keys missing from all_keys")
+    local_counts = torch.bincount(key_index, minlength=n_keys)  # (K,)
+    counts = local_counts.to(torch.float64)
+    if all_reduce is not None:
+        counts = all_reduce(counts)
+    # row range of each key in the sorted local rows; blocks from the global counts only
+    start = torch.cat([local_counts.new_zeros(1), local_counts.cumsum(0)]).tolist()
+    first_row = (counts.cumsum(0) - counts).cpu()  # (K,) global rows before each key
+    window = torch.div(first_row, chunk_positions, rounding_mode="floor")
+    _, keys_per_block = torch.unique_consecutive(window, return_counts=True)
+    bounds = [0, *torch.cumsum(keys_per_block, 0).tolist()]
+    for k0, k1 in zip(bounds[:-1], bounds[1:], strict=True):
+        a, b = start[k0], start[k1]
+        if a == b and all_reduce is None:
+            continue  # keys of all_keys that no row here holds, and no rank to answer
+        local = key_index[a:b] - k0  # (n,) key of each row within the block
+        divisor = counts[k0:k1, None].clamp_min(1.0)  # (k, 1)
+        for c0, c1 in src.vocab_chunks():
+            sums = torch.zeros(k1 - k0, c1 - c0, dtype=torch.float64, device=src.device)  # (k, v)
+            p = src.probs(a, b, c0, c1, lse) if b > a else None  # (n, v)
+            if p is not None:
+                sums.index_add_(0, local, p.double())
+            if all_reduce is not None:
+                sums = all_reduce(sums)
+            if p is None:
+                continue
+            _, scratch = src.buffers(b - a, c1 - c0)
+            mean = sums.div_(divisor).to(src.dtype)  # (k, v); exactly p for a lone key
+            out[a:b] += _jsd_block(p, torch.index_select(mean, 0, local, out=scratch))
+    return src.scatter(out.clamp_(0.0, LN2))
 
 
 def id_sums(

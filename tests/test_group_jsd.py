@@ -1,0 +1,263 @@
+"""ICT's uniqueness u = JSD(p ‖ group-step mean) against a float64 reference (METHODS §3)."""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy.spatial.distance import jensenshannon
+from scipy.special import softmax
+
+from stages.core.stats import LN2, chunked_token_statistics, group_step_jsd
+from stages.train import free_port
+
+G, WIDTH, V, D = 3, 7, 13, 5
+LENGTHS = [7, 4, 2, 5, 5, 1]  # two groups of three responses, right-padded to WIDTH
+
+
+def layout(lengths=LENGTHS, width=WIDTH, group_size=G):
+    """(mask (B, T) bool, keys (B, T) = group * width + step) of a right-padded batch."""
+    steps = torch.arange(width)[None, :]
+    mask = steps < torch.tensor(lengths)[:, None]
+    group = torch.arange(len(lengths))[:, None] // group_size
+    return mask, group * width + steps
+
+
+def problem(seed=0, dtype=torch.float64):
+    """hidden (B, T, D), head weight (V, D), bias (V,) and the layout's mask and keys."""
+    g = torch.Generator().manual_seed(seed)
+    mask, keys = layout()
+    hidden = torch.randn(*mask.shape, D, generator=g, dtype=dtype)
+    weight = 2.0 * torch.randn(V, D, generator=g, dtype=dtype)
+    bias = torch.randn(V, generator=g, dtype=dtype)
+    return hidden, weight, bias, mask, keys
+
+
+def reference(logits, keys, mask, temperature):
+    """Float64 u with explicit sums: softmax, a loop over keys, the mean, ½KL + ½KL to the mix."""
+    logits, keys, mask = (np.asarray(x) for x in (logits, keys, mask))
+    p = softmax(logits.reshape(-1, logits.shape[-1]).astype(np.float64) / temperature, axis=-1)
+    k, m = keys.reshape(-1), mask.reshape(-1).astype(bool)
+    u = np.zeros(len(k))
+    for key in np.unique(k[m]):
+        rows = np.flatnonzero(m & (k == key))
+        mean = p[rows].mean(axis=0)
+        for r in rows:
+            mix = 0.5 * (p[r] + mean)
+            kl_p = np.sum(np.where(p[r] > 0, p[r] * np.log(p[r] / mix), 0.0))
+            kl_q = np.sum(np.where(mean > 0, mean * np.log(mean / mix), 0.0))
+            u[r] = 0.5 * kl_p + 0.5 * kl_q
+    return u.reshape(mask.shape)
+
+
+def lone_steps(mask, keys):
+    """(B, T) bool: valid positions whose key no other valid position holds."""
+    k = keys[mask]
+    counts = dict(zip(*np.unique(k.numpy(), return_counts=True), strict=True))
+    lone = torch.zeros_like(mask)
+    lone[mask] = torch.tensor([counts[int(x)] == 1 for x in k], dtype=torch.bool)
+    return lone
+
+
+def test_reference_agrees_with_scipy():
+    hidden, weight, bias, mask, keys = problem()
+    logits = (hidden @ weight.T + bias).numpy()
+    u = reference(logits, keys, mask, 0.7)
+    p = softmax(logits / 0.7, axis=-1)
+    group_step_one = p[3:6, 1][mask[3:6, 1].numpy()]  # group 1, step 1: responses 3 and 4
+    expected = jensenshannon(group_step_one[0], group_step_one.mean(0), base=math.e) ** 2
+    assert u[3, 1] == pytest.approx(expected, abs=1e-14)
+    assert u[3, 1] > 1e-3  # the check is not vacuous
+
+
+@pytest.mark.parametrize("chunks", [(3, 5), (1, 1), (2, 13), (4, 4), (1000, 1000)])
+def test_logits_match_float64_reference(chunks):
+    hidden, weight, bias, mask, keys = problem(seed=1)
+    logits = hidden @ weight.T + bias  # (B, T, V)
+    u = group_step_jsd(logits, None, keys, 0.7, mask,
+                       chunk_positions=chunks[0], chunk_vocab=chunks[1])
+    assert u.shape == mask.shape and u.dtype == torch.float64
+    np.testing.assert_allclose(u.numpy(), reference(logits, keys, mask, 0.7), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunks", [(3, 5), (1, 2), (7, 3), (1000, 1000)])
+def test_head_with_bias_matches_float64_reference(chunks):
+    hidden, weight, bias, mask, keys = problem(seed=2)
+    u = group_step_jsd(hidden, weight, keys, 1.6, mask, bias,
+                       chunk_positions=chunks[0], chunk_vocab=chunks[1])
+    ref = reference(hidden @ weight.T + bias, keys, mask, 1.6)
+    np.testing.assert_allclose(u.numpy(), ref, rtol=0, atol=1e-12)
+    assert (u[mask] > 0).sum() == (~lone_steps(mask, keys))[mask].sum()
+
+
+def test_given_logsumexp_equals_computed():
+    hidden, weight, bias, mask, keys = problem(seed=3)
+    lse = chunked_token_statistics(hidden, weight, None, 0.8, mask, bias, jsd=False)["logsumexp"]
+    a = group_step_jsd(hidden, weight, keys, 0.8, mask, bias, chunk_positions=3, chunk_vocab=5)
+    b = group_step_jsd(hidden, weight, keys, 0.8, mask, bias, lse, chunk_positions=3,
+                       chunk_vocab=5)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_lone_step_is_exactly_zero(dtype):
+    hidden, weight, bias, mask, keys = problem(seed=4, dtype=dtype)
+    lone = lone_steps(mask, keys)
+    assert lone[0, 4:].all() and lone.sum() == 3  # response 0 alone at steps 4..6 of group 0
+    for chunks in [(3, 5), (1, 1), (1000, 1000)]:
+        u = group_step_jsd(hidden, weight, keys, 0.6, mask, bias,
+                           chunk_positions=chunks[0], chunk_vocab=chunks[1])
+        assert u[lone].tolist() == [0.0] * 3
+        assert (u[mask & ~lone] > 1e-4).all()
+        assert u[~mask].abs().sum() == 0
+
+
+def test_identical_distributions_in_a_group_give_zero():
+    mask, keys = layout()
+    g = torch.Generator().manual_seed(5)
+    per_step = torch.randn(2, WIDTH, V, generator=g, dtype=torch.float64)  # (groups, T, V)
+    logits = per_step.repeat_interleave(G, dim=0)  # every response of a group the same
+    for dtype, atol in [(torch.float64, 1e-15), (torch.float32, 0.0)]:
+        u = group_step_jsd(logits.to(dtype), None, keys, 1.3, mask, chunk_positions=3,
+                           chunk_vocab=5)
+        torch.testing.assert_close(u, torch.zeros_like(u), rtol=0, atol=atol)
+
+
+def test_padding_is_excluded_and_never_read():
+    hidden, weight, bias, mask, keys = problem(seed=6)
+    a = group_step_jsd(hidden, weight, keys, 1.0, mask, bias, chunk_positions=3, chunk_vocab=5)
+    hidden[~mask] = math.nan  # garbage at padding must not reach any mean
+    b = group_step_jsd(hidden, weight, keys, 1.0, mask.long(), bias, chunk_positions=3,
+                       chunk_vocab=5)
+    assert torch.equal(a, b)
+    # with padding counted, group 0's late steps would not be lone: the mean excludes it
+    logits = hidden.nan_to_num(0.0) @ weight.T + bias
+    padded_in = reference(logits, keys, torch.ones_like(mask), 1.0)
+    assert np.abs(padded_in[0, 4:]).min() > 1e-4 and a[0, 4:].tolist() == [0.0] * 3
+
+
+def test_row_order_and_chunk_sizes_do_not_matter():
+    hidden, weight, bias, mask, keys = problem(seed=7)
+    logits = (hidden @ weight.T + bias).reshape(-1, V)  # (N, V)
+    flat_keys, flat_mask = keys.reshape(-1), mask.reshape(-1)
+    base = group_step_jsd(logits, None, flat_keys, 0.9, flat_mask)
+    perm = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(0))
+    for cp, cv in [(1, 1), (3, 5), (5, 2), (64, 13)]:
+        u = group_step_jsd(logits[perm], None, flat_keys[perm], 0.9, flat_mask[perm],
+                           chunk_positions=cp, chunk_vocab=cv)
+        torch.testing.assert_close(u, base[perm], rtol=0, atol=1e-12)
+
+
+def test_low_precision_inputs_reduced_in_float32():
+    hidden, weight, bias, mask, keys = problem(seed=8)
+    for dtype in (torch.bfloat16, torch.float32):
+        h, w, b = hidden.to(dtype), weight.to(dtype), bias.to(dtype)
+        u = group_step_jsd(h, w, keys, 0.6, mask, b, chunk_positions=3, chunk_vocab=5)
+        assert u.dtype == torch.float32
+        ref = reference(h.double() @ w.double().T + b.double(), keys, mask, 0.6)
+        np.testing.assert_allclose(u.numpy(), ref, rtol=0, atol=1e-5, err_msg=str(dtype))
+
+
+def test_bad_arguments():
+    hidden, weight, bias, mask, keys = problem()
+    with pytest.raises(ValueError, match="keys shape"):
+        group_step_jsd(hidden, weight, keys.reshape(-1), 1.0, mask)
+    with pytest.raises(ValueError, match="keys shape"):
+        group_step_jsd(hidden, weight, keys[:, :3], 1.0, mask)
+    with pytest.raises(ValueError, match="integers"):
+        group_step_jsd(hidden, weight, keys.double(), 1.0, mask)
+    with pytest.raises(ValueError, match="needs all_keys"):
+        group_step_jsd(hidden, weight, keys, 1.0, mask, all_reduce=lambda t: t)
+    with pytest.raises(ValueError, match="missing from all_keys"):
+        group_step_jsd(hidden, weight, keys, 1.0, mask, all_keys=torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="sorted and unique"):
+        group_step_jsd(hidden, weight, keys, 1.0, mask, all_keys=torch.tensor([2, 1]))
+
+
+def test_no_valid_position():
+    hidden, weight, bias, mask, keys = problem()
+    u = group_step_jsd(hidden, weight, keys, 1.0, torch.zeros_like(mask), bias)
+    assert u.shape == mask.shape and u.abs().sum() == 0
+
+
+scales = st.sampled_from([1e-3, 1.0, 30.0, 1e3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    z=st.integers(1, 9).flatmap(
+        lambda n: st.integers(2, 30).flatmap(
+            lambda v: arrays(np.float32, (n, v), elements=st.floats(-1, 1, width=32))
+        )
+    ),
+    scale=scales,
+    seed=st.integers(0, 2**16),
+    chunk_vocab=st.sampled_from([1, 3, 1000]),
+)
+def test_bounds(z, scale, seed, chunk_vocab):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.from_numpy(z) * scale  # (N, V)
+    keys = torch.randint(0, 3, (z.shape[0],), generator=g)
+    mask = torch.rand(z.shape[0], generator=g) > 0.2
+    u = group_step_jsd(logits, None, keys, 0.7, mask, chunk_positions=2, chunk_vocab=chunk_vocab)
+    assert torch.isfinite(u).all()
+    assert (u >= 0).all() and (u <= LN2).all()
+    assert u[~mask].abs().sum() == 0
+    assert (u[lone_steps(mask, keys)] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Two processes holding parts of the same groups
+# ---------------------------------------------------------------------------------------------
+RANK_ROWS = ([0, 1, 3], [2, 4, 5])  # rank 1 holds no row of group 0's steps 2..6
+
+
+def _worker(rank, port, out_dir, hidden, weight, bias, mask, keys):
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        rows = RANK_ROWS[rank]
+        local_keys, local_mask = keys[rows], mask[rows]
+        gathered = [None, None]
+        dist.all_gather_object(gathered, local_keys[local_mask].unique())
+        all_keys = torch.unique(torch.cat(gathered))
+        calls = []
+
+        def all_reduce(t):
+            buf = t.clone()
+            dist.all_reduce(buf)
+            calls.append(tuple(buf.shape))
+            return buf
+
+        u = group_step_jsd(hidden[rows], weight, local_keys, 0.7, local_mask, bias,
+                           all_reduce=all_reduce, all_keys=all_keys,
+                           chunk_positions=3, chunk_vocab=5)
+        torch.save({"u": u, "calls": calls}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_equal_one_process(tmp_path):
+    hidden, weight, bias, mask, keys = problem(seed=9)
+    single = group_step_jsd(hidden, weight, keys, 0.7, mask, bias, chunk_positions=3,
+                            chunk_vocab=5)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path), hidden, weight, bias, mask, keys),
+             nprocs=2, join=True)
+    parts = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert parts[0]["calls"] == parts[1]["calls"] and len(parts[0]["calls"]) > 3
+    joined = torch.zeros_like(single)
+    for rows, part in zip(RANK_ROWS, parts, strict=True):
+        joined[rows] = part["u"]
+    torch.testing.assert_close(joined, single, rtol=0, atol=1e-12)
+    ref = reference(hidden @ weight.T + bias, keys, mask, 0.7)
+    np.testing.assert_allclose(joined.numpy(), ref, rtol=0, atol=1e-12)
