@@ -40,6 +40,11 @@ ROLLOUT_SCHEMA = pa.schema(
 )
 
 
+def read_prompt_files(paths: list[str]) -> pl.DataFrame:
+    """The prepared training prompts of one or more files, pooled in the order given."""
+    return pl.concat([read_parquet(p, PROBLEM_SCHEMA) for p in paths], how="vertical")
+
+
 def pick_prompts(frame, count: int, seed: int):
     """`count` problems drawn without replacement (seeded), in their file order."""
     if frame.height == 0:
@@ -52,7 +57,7 @@ def main(args, cfg: Config) -> None:
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
     r = cfg.rollout
-    problems = pick_prompts(read_parquet(args.prompts, PROBLEM_SCHEMA), r.prompts, cfg.seed)
+    problems = pick_prompts(read_prompt_files(args.prompts), r.prompts, cfg.seed)
     settings = SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
         seed=cfg.seed, batch_size=r.batch_size,
@@ -88,6 +93,7 @@ if __name__ == "__main__":
     p = cli.parser(__doc__.splitlines()[0])
     p.add_argument("--size", required=True, help="a key of 'models'")
     p.add_argument("--model", required=True, help="base.json of that size")
-    p.add_argument("--prompts", required=True, help="prepared training prompts (Parquet)")
+    p.add_argument("--prompts", required=True, nargs="+",
+                   help="prepared training prompts (Parquet; several are pooled in order)")
     p.add_argument("--out", required=True, help="output Parquet path")
     cli.run(main, p)

@@ -150,7 +150,7 @@ def base_model_inputs(wildcards):
     """Scratch models train on the SFT data and are scored on training prompts; hub models need nothing."""
     if CFG.models[wildcards.size].source != "scratch":
         return {}
-    return {"sft": data_path(EXP.sft_dataset), "eval": data_path(EXP.train_dataset)}
+    return {"sft": data_path(EXP.sft_dataset), "eval": data_path(EXP.train_datasets[0])}
 
 
 def eval_model(wildcards):

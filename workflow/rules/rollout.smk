@@ -2,7 +2,7 @@ rule rollout:
     """Sample n responses per training prompt from one size's base model and grade them."""
     input:
         model=base_ref("{size}"),
-        prompts=data_path(EXP.train_dataset),
+        prompts=[data_path(d) for d in EXP.train_datasets],
     output:
         rollout_path("{size}"),
     params:

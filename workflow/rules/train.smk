@@ -2,7 +2,7 @@ rule train:
     """Masked RLVR from one size's base model with one method and seed (DeepSpeed)."""
     input:
         model=base_ref("{size}"),
-        prompts=data_path(EXP.train_dataset),
+        prompts=[data_path(d) for d in EXP.train_datasets],
     output:
         ref=f"{train_dir('{size}', '{method}', '{seed}')}/model.json",
         metrics=f"{train_dir('{size}', '{method}', '{seed}')}/metrics.parquet",
