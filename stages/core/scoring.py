@@ -42,7 +42,9 @@ def response_hidden(model, prompts, responses, pad_id: int, batch_size: int = 32
                     desc: str | None = None) -> Tensor:
     """Final hidden states (N, D) predicting every response token, in (sequence, position) order.
 
-    Runs without gradient, in the model's dtype and on its device. Responses must be non-empty.
+    Runs without gradient, in the model's dtype and on its device; the result is on the CPU, in
+    the model's dtype, so that at paper scale the model's device holds the model and one block of
+    rows at a time (the statistics move the blocks there). Responses must be non-empty.
     """
     trunk, _, _ = trunk_and_head(model)
     device = next(model.parameters()).device
@@ -54,5 +56,5 @@ def response_hidden(model, prompts, responses, pad_id: int, batch_size: int = 32
                                               responses[start : start + batch_size], pad_id)
             hidden = trunk(input_ids=ids.to(device), attention_mask=attention.to(device))
             hidden = hidden.last_hidden_state  # (b, L, D)
-            chunks.append(hidden[rows.to(device), cols.to(device)])  # (n, D)
+            chunks.append(hidden[rows.to(device), cols.to(device)].cpu())  # (n, D)
     return torch.cat(chunks)

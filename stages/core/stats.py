@@ -144,6 +144,12 @@ class _Source:
 
     hidden (..., D) with head_weight (V, D) [and head_bias (V,)], or materialised logits (..., V)
     when head_weight is None. Only the valid positions are ever touched.
+
+    Devices: the computation runs on the head's device (hidden's when there is no head); hidden
+    stays where it is, in its own dtype (e.g. bf16 on the CPU at paper scale), and each block of
+    rows is moved to that device and cast to the compute dtype when it is used, so neither all
+    hidden states nor anything of size positions × V is ever on the device at once. Results are
+    on the compute device.
     """
 
     def __init__(
@@ -162,7 +168,7 @@ class _Source:
             raise ValueError("chunk_positions and chunk_vocab must be ≥ 1")
         self.shape = hidden.shape[:-1]  # (...) the position shape
         self.dtype = _compute_dtype(hidden, head_weight, head_bias)
-        self.device = hidden.device
+        self.device = hidden.device if head_weight is None else head_weight.device
         flat = hidden.reshape(-1, hidden.shape[-1])  # (N, D) or (N, V)
         if mask is None:
             self.valid = torch.ones(flat.shape[0], dtype=torch.bool, device=self.device)
@@ -170,20 +176,23 @@ class _Source:
             if mask.shape != self.shape:
                 raise ValueError(f"mask shape {tuple(mask.shape)} != positions {tuple(self.shape)}")
             self.valid = mask.reshape(-1).to(self.device) != 0  # (N,) int masks exactly as bool
-        self.rows = self.valid.nonzero().squeeze(1)  # (N_valid,)
+        self.rows = self.valid.nonzero().squeeze(1)  # (N_valid,) on the compute device
+        # (N, D) or (N, V) where hidden is, never copied whole: gathered block by block
+        self.data = flat
+        self._data_rows = self.rows.to(flat.device)  # (N_valid,) the same rows, beside the data
+        self._cached: tuple[int, int] | None = None  # rows a..b of the block now on the device
+        self._cached_rows: Tensor | None = None
         self.inv_t = 1.0 / temperature
         self.head = head_weight
         if head_weight is None:
-            self.data = flat  # (N, V): gathered block by block, never copied whole
             self.vocab = flat.shape[1]
             self.bias = None
         else:
             if head_weight.shape[1] != flat.shape[1]:
                 raise ValueError(f"hidden size {flat.shape[1]} != head {tuple(head_weight.shape)}")
-            # (N_valid, D): small next to a (N, V) block; temperature folded in once
-            self.data = flat[self.rows].to(self.dtype) * self.inv_t
             self.vocab = head_weight.shape[0]
-            self.bias = None if head_bias is None else head_bias.to(self.dtype) * self.inv_t
+            self.bias = (None if head_bias is None
+                         else head_bias.to(device=self.device, dtype=self.dtype) * self.inv_t)
         self.n = int(self.rows.numel())
         self.cp = min(chunk_positions, max(self.n, 1))
         self.cv = min(chunk_vocab, self.vocab)
@@ -207,17 +216,26 @@ class _Source:
             self._buf = torch.empty(2 * size, dtype=self.dtype, device=self.device)
         return self._buf[:size].view(n, v), self._buf[size : 2 * size].view(n, v)
 
+    def hidden_rows(self, a: int, b: int) -> Tensor:
+        """Hidden states (b - a, D) of valid positions a..b on the compute device, in the compute
+        dtype, temperature folded in; kept for the vocabulary chunks of the same rows."""
+        if self._cached != (a, b):
+            self._cached_rows = None  # free the previous block before the next one arrives
+            rows = self.data[self._data_rows[a:b]]  # (b - a, D) where hidden is, in its dtype
+            self._cached_rows = rows.to(device=self.device, dtype=self.dtype) * self.inv_t
+            self._cached = (a, b)
+        return self._cached_rows
+
     def block(self, a: int, b: int, c0: int, c1: int) -> Tensor:
         """Scaled logits (b - a, c1 - c0) of valid positions a..b, in a reusable buffer."""
         out, _ = self.buffers(b - a, c1 - c0)
         if self.head is None:
-            rows = self.rows[a:b]
-            out.copy_(self.data[rows, c0:c1])
+            out.copy_(self.data[self._data_rows[a:b], c0:c1])  # moved and cast by copy_
             if self.inv_t != 1.0:
                 out.mul_(self.inv_t)
         else:
             w = self.head[c0:c1].to(self.dtype)  # (v, D); no copy when already float32
-            torch.matmul(self.data[a:b], w.T, out=out)
+            torch.matmul(self.hidden_rows(a, b), w.T, out=out)
             if self.bias is not None:
                 out.add_(self.bias[c0:c1])
         return out
@@ -229,8 +247,8 @@ class _Source:
     def reorder(self, order: Tensor) -> None:
         """Visit the valid positions in the order rows[order]: block(a, b) and scatter follow it."""
         self.rows = self.rows[order]
-        if self.head is not None:
-            self.data = self.data[order]  # (N_valid, D)
+        self._data_rows = self._data_rows[order.to(self._data_rows.device)]
+        self._cached = self._cached_rows = None
 
     def scatter(self, values: Tensor) -> Tensor:
         """(N_valid,) values at the valid positions -> (...) with 0 elsewhere."""
