@@ -192,10 +192,17 @@ class Rollout(Strict):
 
 
 class TokenStats(Strict):
-    """Chunking of the exact per-token statistics (METHODS §2)."""
+    """Chunking of the exact per-token statistics (METHODS §2) and the token-statistics stage."""
 
     chunk_positions: int = Field(1024, gt=0, description="positions per chunk")
     chunk_vocab: int = Field(32768, gt=0, description="vocabulary entries per chunk")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="token-statistics stage: dtype the model is loaded and run in "
+        "(the statistics are reduced in float32 either way)")
+    high_entropy_quantile: float = Field(
+        0.5, ge=0, le=1, description="token-statistics stage: a token is high-entropy when H "
+        "exceeds this quantile of H over the file's tokens (ours; 0.5 = the median), for the share "
+        "of high- and low-entropy tokens among ICT's picks")
 
 
 class Method(BaseModel):

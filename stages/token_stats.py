@@ -4,10 +4,14 @@
         --rollouts results/<run>/rollouts/size=NAME/rollouts.parquet \
         --out-dir results/<run>/token_stats/size=NAME
 
-Every rollout is teacher-forced through the model at the rollout temperature, exactly as the
-trainer scores it (stages.core.scoring), and the statistics come from stages.core.stats. The
-whole file is one selection scope: `jsd` is the deviation from the file's mean distribution and
-the `sel_*` columns are the tokens each selector would update.
+Every rollout is teacher-forced through the model (in token_stats.dtype) at the rollout
+temperature, exactly as the trainer scores it (stages.core.scoring), and the statistics come from
+stages.core.stats. The hidden states stay on the CPU; the statistics move them to the head's
+device block by block. `ict_u` is ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t), the groups being
+the responses of one problem_id and t the response position (METHODS §3). The whole file is one
+selection scope: `jsd` is the deviation from the file's mean distribution (computed, and non-null,
+only when a reported selector needs it) and the `sel_*` columns are the tokens each selector would
+update, with the experiment's parameters.
 """
 
 from __future__ import annotations
@@ -27,21 +31,16 @@ from .core.io import ArtifactError, provenance, read_parquet, write_json, write_
 from .core.losses import group_advantages
 from .core.modeling import load_model_and_tokenizer
 from .core.scoring import response_hidden, trunk_and_head
-from .core.selectors import SelectionInput, linear_quantile, select_tokens
-from .core.stats import chunked_token_statistics, mean_distribution, pooled_id_scores
+from .core.selectors import SelectionInput, linear_quantile, select_tokens, spec_of
+from .core.stats import chunked_token_statistics, group_step_jsd
 from .rollout import ROLLOUT_SCHEMA
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 
-# The three selectors the stage reports, by the column they fill; parameters are METHODS §3's
-# defaults unless the experiment's methods configure that selector.
+# The three selectors the stage reports, by the column they fill; parameters are those of the
+# first experiment method using that selector, else the selector's registered defaults.
 REPORTED = {"entropy20": "entropy_top", "stapo": "stapo", "ict": "ict"}
-DEFAULT_PARAMS = {
-    "entropy_top": {"rho": 0.2},
-    "stapo": {"tau_p": 0.002, "q": 0.75},
-    "ict": {"rho": 0.1, "variant": "token_id"},
-}
-TOP_TOKENS = 10
+TOP_TOKENS = 20
 
 TOKEN_SCHEMA = pa.schema(
     [
@@ -52,7 +51,8 @@ TOKEN_SCHEMA = pa.schema(
         pa.field("logprob", pa.float32(), nullable=False),
         pa.field("entropy", pa.float32(), nullable=False),
         pa.field("renyi2", pa.float32(), nullable=False),
-        pa.field("jsd", pa.float32(), nullable=False),
+        pa.field("jsd", pa.float32(), nullable=True),  # null unless a reported selector needs it
+        pa.field("ict_u", pa.float32(), nullable=False),
         pa.field("max_prob", pa.float32(), nullable=False),
         pa.field("advantage", pa.float32(), nullable=False),
         pa.field("sel_entropy20", pa.bool_(), nullable=False),
@@ -63,11 +63,40 @@ TOKEN_SCHEMA = pa.schema(
 
 
 def selector_params(cfg: Config, selector: str) -> dict:
-    """Parameters of the first experiment method that uses `selector`, else METHODS' defaults."""
+    """Parameters of the first experiment method that uses `selector`, else the defaults of the
+    selector's registered parameter model (METHODS §3)."""
     for name in cfg.experiment.methods:
         if cfg.methods[name].selector == selector:
             return cfg.methods[name].selector_params()
-    return dict(DEFAULT_PARAMS[selector])
+    return spec_of(selector).validate({}).model_dump()
+
+
+def reported_params(cfg: Config) -> dict[str, dict]:
+    """The parameters of each reported selector, by column."""
+    return {col: selector_params(cfg, sel) for col, sel in REPORTED.items()}
+
+
+def reported_needs(params: dict[str, dict]) -> dict[str, frozenset[str]]:
+    """The SelectionInput fields each reported selector reads with its parameters, by column."""
+    return {col: spec_of(sel).needs(spec_of(sel).validate(params[col])) for col, sel in REPORTED.items()}
+
+
+def check_groups(frame: pl.DataFrame, path: str) -> None:
+    """Every problem has ≥ 2 responses: ICT's group-step reference P̄_t is a mean over a group."""
+    sizes = frame.group_by("problem_id", maintain_order=True).len()
+    small = sizes.filter(pl.col("len") < 2)
+    if small.height:
+        problem, k = small.row(0)
+        raise ArtifactError(
+            f"{path}: problem_id {problem!r} has {k} response(s); ICT scores each response against "
+            "its group's mean at the same step and needs at least 2 responses per problem "
+            "(rollout.n >= 2)"
+        )
+
+
+def group_index(frame: pl.DataFrame) -> torch.Tensor:
+    """(B,) int64: the index of each response's group (its problem_id), 0 .. groups - 1."""
+    return torch.tensor((frame["problem_id"].rank("dense").cast(pl.Int64) - 1).to_list())
 
 
 def check_rollouts(frame: pl.DataFrame, path: str, vocab_size: int) -> None:
@@ -103,57 +132,55 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
     """The per-token table and the summary of one rollout file."""
     temperature = cfg.rollout.temperature
     ts = cfg.token_stats
+    params = reported_params(cfg)
+    needs = reported_needs(params)
+    needed = frozenset().union(*needs.values())
     prompts = frame["prompt_token_ids"].to_list()
     responses = frame["response_token_ids"].to_list()
     lengths = [len(r) for r in responses]
     _, weight, bias = trunk_and_head(model)
+    chunks = {"chunk_positions": ts.chunk_positions, "chunk_vocab": ts.chunk_vocab}
     hidden = response_hidden(model, prompts, responses, tokenizer.pad_token_id,
-                             desc="teacher forcing")  # (N, D)
-    device = hidden.device
-    token_ids = torch.tensor(list(itertools.chain.from_iterable(responses)), device=device)  # (N,)
+                             desc="teacher forcing")  # (N, D) on the CPU, model dtype
+    token_ids = torch.tensor(list(itertools.chain.from_iterable(responses)))  # (N,)
     stats = chunked_token_statistics(hidden, weight, token_ids, temperature, head_bias=bias,
-                                      chunk_positions=ts.chunk_positions,
-                                      chunk_vocab=ts.chunk_vocab, jsd=True)
+                                      jsd="jsd" in needed, **chunks)
+    # ICT's groups: the responses of one problem; its steps: the response positions
+    group = group_index(frame)  # (B,)
+    width = max(lengths)
+    positions = torch.cat([torch.arange(k) for k in lengths])  # (N,)
+    keys = group.repeat_interleave(torch.tensor(lengths)) * width + positions  # (N,)
+    ict_u = group_step_jsd(hidden, weight, keys, temperature, head_bias=bias,
+                           logsumexp=stats["logsumexp"], **chunks).float().cpu()  # (N,)
+    del hidden
     stats = {k: v.float().cpu() for k, v in stats.items()}
 
     rewards = torch.tensor(frame["reward"].to_list(), dtype=torch.float64)
-    groups = torch.tensor(frame["problem_id"].cast(pl.Categorical).to_physical().to_list())
-    adv = group_advantages(rewards, groups).float()  # (B,)
+    adv = group_advantages(rewards, group).float()  # (B,)
     valid = to_grid(torch.ones(len(token_ids), dtype=torch.bool), lengths)  # (B, T)
-    inp = SelectionInput(
-        valid=valid,
-        entropy=to_grid(stats["entropy"], lengths),
-        logprob=to_grid(stats["logprob"], lengths),
-        jsd=to_grid(stats["jsd"], lengths),
-        token_ids=to_grid(token_ids.cpu(), lengths),
-        advantages=adv,
-    )
-    params = {col: selector_params(cfg, sel) for col, sel in REPORTED.items()}
-    if params["ict"].get("variant") == "pooled":
-        # pooled scores ids by their mean distribution against the file's p̄ (exact, U × V)
-        mean_dist = mean_distribution(hidden, weight, temperature, head_bias=bias,
-                                      chunk_positions=ts.chunk_positions, chunk_vocab=ts.chunk_vocab)
-        ids, scores = pooled_id_scores(hidden, weight, token_ids, mean_dist, temperature,
-                                       head_bias=bias, chunk_positions=ts.chunk_positions,
-                                       chunk_vocab=ts.chunk_vocab)
-        inp.id_scores = (ids.cpu(), scores.float().cpu())
+    # exactly what the reported selectors read
+    per_token = {**stats, "group_jsd": ict_u, "token_ids": token_ids}
+    inp = SelectionInput(valid=valid, **{
+        name: adv if name == "advantages" else to_grid(per_token[name], lengths) for name in needed
+    })
     masks = {col: select_tokens(REPORTED[col], inp, **params[col])[valid] for col in REPORTED}
 
-    flat_ids = token_ids.cpu()
-    texts = {i: tokenizer.decode([i]) for i in flat_ids.unique().tolist()}
-    n = len(flat_ids)
+    texts = {i: tokenizer.decode([i]) for i in token_ids.unique().tolist()}
+    n = len(token_ids)
+    jsd = stats["jsd"].numpy() if "jsd" in stats else [None] * n
     table = pl.DataFrame({
         "sample_id": [s for s, k in zip(frame["sample_id"], lengths, strict=True) for _ in range(k)],
-        "position": [t for k in lengths for t in range(k)],
-        "token_id": flat_ids.tolist(),
-        "token": [texts[i] for i in flat_ids.tolist()],
-        "logprob": stats["logprob"].tolist(),
-        "entropy": stats["entropy"].tolist(),
-        "renyi2": stats["renyi2"].tolist(),
-        "jsd": stats["jsd"].tolist(),
-        "max_prob": stats["max_prob"].tolist(),
-        "advantage": adv.repeat_interleave(torch.tensor(lengths)).tolist(),
-        **{f"sel_{col}": masks[col].tolist() for col in REPORTED},
+        "position": positions.numpy(),
+        "token_id": token_ids.numpy(),
+        "token": [texts[i] for i in token_ids.tolist()],
+        "logprob": stats["logprob"].numpy(),
+        "entropy": stats["entropy"].numpy(),
+        "renyi2": stats["renyi2"].numpy(),
+        "jsd": pl.Series("jsd", jsd, dtype=pl.Float32),
+        "ict_u": ict_u.numpy(),
+        "max_prob": stats["max_prob"].numpy(),
+        "advantage": adv.repeat_interleave(torch.tensor(lengths)).numpy(),
+        **{f"sel_{col}": masks[col].numpy() for col in REPORTED},
     })
 
     h = stats["entropy"]
@@ -166,29 +193,59 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
         "entropy_p80": float(linear_quantile(h.double(), 0.8)),
         "entropy_mean": float(h.mean()),
         "renyi2_mean": float(stats["renyi2"].mean()),
-        "jsd_mean": float(stats["jsd"].mean()),
+        "jsd_mean": float(stats["jsd"].mean()) if "jsd" in stats else None,
+        "ict_u_mean": float(ict_u.mean()),
         "logprob_mean": float(stats["logprob"].mean()),
+        **ict_profile(h, stats["logprob"], masks["ict"], ts.high_entropy_quantile),
         "selector_params": params,
         **{f"selected_fraction_{col}": float(masks[col].float().mean()) for col in REPORTED},
         **{f"jaccard_{a}_{b}": jaccard(masks[a], masks[b])
            for a, b in itertools.combinations(REPORTED, 2)},
         "top_tokens": {
-            col: [[texts[i], c] for i, c in Counter(flat_ids[masks[col]].tolist()).most_common(TOP_TOKENS)]
+            col: [[texts[i], c] for i, c in Counter(token_ids[masks[col]].tolist()).most_common(TOP_TOKENS)]
             for col in REPORTED
         },
     }
     return table, summary
 
 
+def ict_profile(entropy: torch.Tensor, logprob: torch.Tensor, picked: torch.Tensor,
+                quantile: float) -> dict:
+    """What the ICT paper reports of its picks: the share of high- and low-entropy tokens among
+    them (about half each; ratio 1.03 on GSM8K) and their probability (0.18 ± 0.09).
+
+    entropy, logprob, picked (N,) over the file's tokens. High-entropy: H above the `quantile` of
+    H over all N tokens (the threshold is ours). sd is the sample standard deviation; a value
+    without the tokens it needs is None."""
+    threshold = float(linear_quantile(entropy.double(), quantile))
+    k = int(picked.sum())
+    high = int((entropy[picked] > threshold).sum())
+    prob = logprob[picked].double().exp()
+    return {
+        "high_entropy_quantile": quantile,
+        "high_entropy_threshold": threshold,
+        "ict_high_entropy_share": high / k if k else None,
+        "ict_low_entropy_share": (k - high) / k if k else None,
+        "ict_high_low_ratio": high / (k - high) if k - high else None,
+        "ict_prob_mean": float(prob.mean()) if k else None,
+        "ict_prob_sd": float(prob.std()) if k > 1 else None,
+    }
+
+
 SUMMARY_SCALARS = ["samples", "tokens", "rollout_accuracy", "temperature", "frac_entropy_below_0.01",
-                   "entropy_p80", "entropy_mean", "renyi2_mean", "jsd_mean", "logprob_mean"]
+                   "entropy_p80", "entropy_mean", "renyi2_mean", "jsd_mean", "ict_u_mean",
+                   "logprob_mean", "high_entropy_quantile", "high_entropy_threshold",
+                   "ict_high_entropy_share", "ict_low_entropy_share", "ict_high_low_ratio",
+                   "ict_prob_mean", "ict_prob_sd"]
+NULLABLE = {"jsd_mean", "ict_high_entropy_share", "ict_low_entropy_share", "ict_high_low_ratio",
+            "ict_prob_mean", "ict_prob_sd"}
 
 
 def summary_schema() -> pa.Schema:
     fields = [pa.field("size", pa.string(), nullable=False)]
     for key in SUMMARY_SCALARS:
         kind = pa.int64() if key in ("samples", "tokens") else pa.float64()
-        fields.append(pa.field(key, kind, nullable=False))
+        fields.append(pa.field(key, kind, nullable=key in NULLABLE))
     fields += [pa.field(f"selected_fraction_{c}", pa.float64(), nullable=False) for c in REPORTED]
     fields += [pa.field(f"jaccard_{a}_{b}", pa.float64(), nullable=False)
                for a, b in itertools.combinations(REPORTED, 2)]
@@ -204,10 +261,11 @@ def figures(cfg: Config, size: str, table: pl.DataFrame, summary: dict, out_dir:
                      out_dir / "top_tokens.png")
     # a few responses, correct and incorrect, shaded by entropy
     first = table.group_by("sample_id", maintain_order=True).agg(pl.all()).head(8)
+    keys = ("text", "entropy", "jsd", "logprob", "ict_u", "sel_entropy20", "sel_stapo", "sel_ict")
     samples = []
     for row in first.iter_rows(named=True):
-        toks = [dict(zip(("text", "entropy", "jsd", "logprob", "sel_entropy20", "sel_stapo", "sel_ict"), v, strict=True))
-                for v in zip(row["token"], row["entropy"], row["jsd"], row["logprob"],
+        toks = [{k: x for k, x in zip(keys, v, strict=True) if x is not None}  # jsd may be null
+                for v in zip(row["token"], row["entropy"], row["jsd"], row["logprob"], row["ict_u"],
                              row["sel_entropy20"], row["sel_stapo"], row["sel_ict"], strict=True)]
         samples.append({"header": f"{row['sample_id']} (advantage {row['advantage'][0]:+.2f})",
                         "tokens": toks})
@@ -219,8 +277,11 @@ def main(args, cfg: Config) -> None:
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
     frame = read_parquet(args.rollouts, ROLLOUT_SCHEMA)
+    if "group_jsd" in reported_needs(reported_params(cfg))["ict"]:
+        check_groups(frame, args.rollouts)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model_and_tokenizer(args.model, device=device)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=getattr(torch, cfg.token_stats.dtype),
+                                                device=device)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     check_rollouts(frame, args.rollouts, vocab_size)
     table, summary = compute(cfg, model, tokenizer, frame)
@@ -234,8 +295,9 @@ def main(args, cfg: Config) -> None:
     row = {"size": args.size, **{k: summary[k] for k in summary_schema().names if k != "size"}}
     write_parquet([row], out_dir / "summary.parquet", summary_schema(), prov)
     write_json(out_dir / "summary.json", {"size": args.size, **summary, "provenance": prov})
-    cli.log.info("%s: %d tokens, H<0.01 %.3f, p80 H %.3f, selected: %s", args.size,
+    cli.log.info("%s: %d tokens, H<0.01 %.3f, p80 H %.3f, mean u %.4f, selected: %s", args.size,
                  summary["tokens"], summary["frac_entropy_below_0.01"], summary["entropy_p80"],
+                 summary["ict_u_mean"],
                  ", ".join(f"{c} {summary[f'selected_fraction_{c}']:.3f}" for c in REPORTED))
 
 

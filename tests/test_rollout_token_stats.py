@@ -17,6 +17,7 @@ from stages.core.io import provenance, write_parquet
 from stages.core.losses import group_advantages
 from stages.core.problems import generate_arithmetic
 from stages.core.scoring import pack, response_hidden
+from stages.core.stats import _Source, chunked_token_statistics, group_step_jsd, token_statistics
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
 
 
@@ -108,8 +109,6 @@ def test_teacher_forcing_aligns_with_a_float64_reference(setup):
     pbar = p.mean(0)
     m = 0.5 * (p + pbar)
     jsd_ref = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (pbar * (pbar / m).log()).sum(-1)
-    from stages.core.stats import chunked_token_statistics
-
     w = model.get_output_embeddings().weight
     stats = chunked_token_statistics(hidden, w, tokens, 0.7, chunk_positions=3, chunk_vocab=100)
     torch.testing.assert_close(stats["entropy"].double(), h_ref, atol=1e-5, rtol=1e-5)
@@ -117,19 +116,34 @@ def test_teacher_forcing_aligns_with_a_float64_reference(setup):
     torch.testing.assert_close(stats["jsd"].double(), jsd_ref, atol=1e-5, rtol=1e-4)
 
 
-def test_token_stats_stage(setup, rolled):
+@pytest.fixture(scope="module")
+def staged(setup, rolled) -> Path:
+    """The token-statistics stage run once on the module's rollout file."""
     d, cfg = setup
     out = d / "ts"
     proc = run_stage("token_stats", "--config", str(cfg), "--size", "tiny-s", "--model",
                      str(d / "base.json"), "--rollouts", str(rolled), "--out-dir", str(out))
     assert proc.returncode == 0, proc.stderr
+    return out
+
+
+SUMMARY_KEYS = {"ict_u_mean", "high_entropy_quantile", "high_entropy_threshold",
+                "ict_high_entropy_share", "ict_low_entropy_share", "ict_high_low_ratio",
+                "ict_prob_mean", "ict_prob_sd"}
+
+
+def test_token_stats_stage(rolled, staged):
+    out = staged
     tokens = pl.read_parquet(out / "tokens.parquet")
     rollouts = pl.read_parquet(rolled)
     n = int(rollouts["response_token_ids"].list.len().sum())
     assert tokens.height == n
     assert tokens["token_id"].to_list() == rollouts["response_token_ids"].explode().to_list()
+    assert tokens.schema["ict_u"] == pl.Float32
     assert ((tokens["renyi2"] <= tokens["entropy"] + 1e-5) & (tokens["renyi2"] >= 0)).all()
-    assert ((tokens["jsd"] >= 0) & (tokens["jsd"] <= math.log(2) + 1e-6)).all()
+    assert ((tokens["ict_u"] >= 0) & (tokens["ict_u"] <= math.log(2) + 1e-6)).all()
+    # no reported selector reads the deviation from the file's mean here: it is not computed
+    assert tokens["jsd"].null_count() == n
     assert ((tokens["logprob"] <= 0) & (tokens["max_prob"] <= 1)).all()
     assert tokens["sel_entropy20"].sum() == math.ceil(0.2 * n)
     # the picks are the highest-entropy tokens
@@ -139,11 +153,146 @@ def test_token_stats_stage(setup, rolled):
     assert summary["tokens"] == n
     assert summary["selected_fraction_entropy20"] == pytest.approx(math.ceil(0.2 * n) / n)
     assert 0 <= summary["jaccard_entropy20_ict"] <= 1
-    assert summary["selector_params"]["ict"] == {"rho": 0.1, "variant": "token_id"}
-    assert pl.read_parquet(out / "summary.parquet").height == 1
+    # the experiment's ict method (config/test.yaml: rho 0.1, the paper's rule)
+    assert summary["selector_params"]["ict"] == {"rho": 0.1, "variant": "paper", "part": "unique"}
+    assert summary["selector_params"]["entropy20"] == {"rho": 0.2}  # no such method: defaults
+    assert summary["jsd_mean"] is None
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["ict_u_mean"] == pytest.approx(float(tokens["ict_u"].mean()), rel=1e-5)
+    assert summary["high_entropy_quantile"] == 0.5
+    picked = tokens.filter(pl.col("sel_ict"))
+    median = float(tokens["entropy"].quantile(0.5, "linear"))
+    assert summary["high_entropy_threshold"] == pytest.approx(median, rel=1e-6)
+    high = int((picked["entropy"] > summary["high_entropy_threshold"]).sum())
+    assert summary["ict_high_entropy_share"] == pytest.approx(high / picked.height)
+    assert summary["ict_low_entropy_share"] == pytest.approx(1 - high / picked.height)
+    assert summary["ict_high_low_ratio"] == pytest.approx(high / (picked.height - high))
+    prob = picked["logprob"].cast(pl.Float64).exp()
+    assert summary["ict_prob_mean"] == pytest.approx(float(prob.mean()), rel=1e-6)
+    assert summary["ict_prob_sd"] == pytest.approx(float(prob.std()), rel=1e-5)
+    for col in ("entropy20", "stapo", "ict"):
+        top = summary["top_tokens"][col]
+        counts = picked if col == "ict" else tokens.filter(pl.col(f"sel_{col}"))
+        assert len(top) == min(20, counts["token_id"].n_unique())
+        assert [c for _, c in top] == sorted((c for _, c in top), reverse=True)
+    row = pl.read_parquet(out / "summary.parquet")
+    assert row.height == 1 and SUMMARY_KEYS <= set(row.columns)
+    assert row["jsd_mean"].null_count() == 1
     for f in ("entropy_hist.png", "top_tokens.png"):
         assert (out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<span class='tok" in (out / "tokens.html").read_text()
+
+
+def jsd64(p: torch.Tensor, q: torch.Tensor) -> float:
+    """JSD(p ‖ q) in nats, term by term (0 · log 0 = 0)."""
+    m = 0.5 * (p + q)
+    return float(0.5 * torch.xlogy(p, p / m).sum() + 0.5 * torch.xlogy(q, q / m).sum())
+
+
+def test_ict_u_and_picks_equal_a_float64_recomputation(setup, rolled, staged):
+    """u_{i,t} = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean over the problem's responses at step t, from the
+    saved model in float64, one response at a time; sel_ict = the top ceil(0.1·T_i) of each
+    response by u (ties: earliest)."""
+    d, _ = setup
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(d / "checkpoint", dtype=torch.float64).eval()
+    rollouts = pl.read_parquet(rolled)
+    temperature = 1.0  # config/test.yaml's rollout temperature
+    probs = []  # per response: (T_i, V) float64
+    with torch.no_grad():
+        for prompt, response in zip(rollouts["prompt_token_ids"], rollouts["response_token_ids"],
+                                    strict=True):
+            ids = torch.tensor([list(prompt) + list(response)])
+            logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) + len(response) - 1]
+            probs.append(torch.softmax(logits / temperature, dim=-1))
+    members: dict[tuple[str, int], list[torch.Tensor]] = {}
+    for problem, p in zip(rollouts["problem_id"], probs, strict=True):
+        for t in range(len(p)):
+            members.setdefault((problem, t), []).append(p[t])
+    u_ref, sel_ref = [], []
+    for problem, p in zip(rollouts["problem_id"], probs, strict=True):
+        u = [jsd64(p[t], torch.stack(members[problem, t]).mean(0)) for t in range(len(p))]
+        k = math.ceil(0.1 * len(u))
+        top = set(sorted(range(len(u)), key=lambda t: (-u[t], t))[:k])
+        u_ref += u
+        sel_ref += [t in top for t in range(len(u))]
+    tokens = pl.read_parquet(staged / "tokens.parquet")
+    u_stage = torch.tensor(tokens["ict_u"].to_numpy(), dtype=torch.float64)
+    torch.testing.assert_close(u_stage, torch.tensor(u_ref, dtype=torch.float64), atol=1e-7, rtol=1e-4)
+    assert max(u_ref) > 1e-3  # the groups' responses do differ
+    assert tokens["sel_ict"].to_list() == sel_ref
+
+
+def test_token_stats_refuses_groups_of_one(setup, rolled, tmp_path):
+    """ICT's reference is a group mean: a problem with a single response is an error, nothing written."""
+    d, cfg = setup
+    frame = pl.read_parquet(rolled)
+    lone = frame["problem_id"][0]
+    bad = frame.filter((pl.col("problem_id") != lone) | (pl.col("sample_idx") == 0))
+    from stages.rollout import ROLLOUT_SCHEMA
+
+    write_parquet(bad, tmp_path / "lone.parquet", ROLLOUT_SCHEMA, provenance("t", "1", "h", 0))
+    proc = run_stage("token_stats", "--config", str(cfg), "--size", "tiny-s", "--model",
+                     str(d / "base.json"), "--rollouts", str(tmp_path / "lone.parquet"),
+                     "--out-dir", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert f"lone.parquet: problem_id {lone!r} has 1 response(s)" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cpu_hidden_with_a_cpu_head_equals_its_logits_blocks():
+    """Hidden states stay where they are, in their dtype; the head path computes exactly the
+    blocks (h / T) · W[c0:c1]^T + b / T that the materialised-logits path reads."""
+    torch.manual_seed(0)
+    hidden, w, b = torch.randn(3, 5, 16), torch.randn(40, 16), torch.randn(40)
+    ids, mask = torch.randint(0, 40, (3, 5)), torch.rand(3, 5) > 0.2
+    t, cv = 0.7, 16
+    src = _Source(hidden, w, t, mask, b, chunk_positions=4, chunk_vocab=cv)
+    assert src.data.data_ptr() == hidden.data_ptr() and src.data.dtype == hidden.dtype
+    assert src.device == w.device
+    # one position chunk, so that both paths run the same matmuls
+    h = hidden.reshape(-1, 16) * (1.0 / t)
+    z = torch.cat([h @ w[c:c + cv].T + b[c:c + cv] * (1.0 / t) for c in range(0, 40, cv)], 1)
+    head = chunked_token_statistics(hidden, w, ids, t, mask=mask, head_bias=b, chunk_positions=15,
+                                    chunk_vocab=cv, jsd=True)
+    logits = token_statistics(z.reshape(3, 5, 40), 1.0, mask=mask, token_ids=ids, jsd=True,
+                              chunk_positions=15, chunk_vocab=cv)
+    for key, value in head.items():
+        assert value.device == w.device
+        assert torch.equal(value, logits[key]), key
+    keys = torch.arange(5).repeat(3, 1)  # three responses of one group, step = position
+    torch.testing.assert_close(
+        group_step_jsd(hidden, w, keys, t, mask=mask, head_bias=b, chunk_positions=4, chunk_vocab=cv),
+        group_step_jsd(z.reshape(3, 5, 40), None, keys, 1.0, mask=mask, chunk_vocab=cv),
+        atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_model_statistics_match_float32(setup):
+    """A bf16 model's CPU hidden states and head give the float32 statistics to bf16 accuracy,
+    reduced in float32."""
+    d, _ = setup
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[81, 58, 32, 49], [81, 58, 32, 49], [81, 58]]
+    responses = [[50, 51, 52, 60], [53, 54, 55], [56, 57, 58, 59, 60]]
+    ids = torch.tensor([t for r in responses for t in r])
+    keys = torch.tensor([g * 5 + t for g, r in zip([0, 0, 1], responses, strict=True)
+                         for t in range(len(r))])
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_pretrained(d / "checkpoint", dtype=dtype).eval()
+        hidden = response_hidden(model, prompts, responses, pad_id=256, batch_size=2)
+        assert hidden.device.type == "cpu" and hidden.dtype == dtype
+        w = model.get_output_embeddings().weight
+        stats = chunked_token_statistics(hidden, w, ids, 0.7, chunk_positions=4, chunk_vocab=100)
+        stats["u"] = group_step_jsd(hidden, w, keys, 0.7, chunk_positions=4, chunk_vocab=100)
+        assert all(v.dtype == torch.float32 for v in stats.values())
+        out[dtype] = stats
+    for key in ("entropy", "logprob", "renyi2", "jsd", "u"):  # torch's bf16 tolerance
+        torch.testing.assert_close(out[torch.bfloat16][key], out[torch.float32][key],
+                                   atol=1e-5, rtol=1.6e-2, msg=key)
+    assert float(out[torch.float32]["u"].max()) > 1e-3  # u is not all zeros
 
 
 def test_token_stats_refuses_foreign_rollouts(setup, rolled, tmp_path):
