@@ -1,9 +1,11 @@
 """Dev check, not a test: run every adapter over the full benchmark files in shared/data.
 
-    .venv/bin/python tests/check_shared_benchmarks.py [--root /work/shared/data/benchmarks]
+    .venv/bin/python tests/check_shared_benchmarks.py [--root /work/shared/data/benchmarks] [--grade]
 
 Prints one row per file (records, problems, skipped for an empty gold answer, answer summary)
-and the error of any file that fails. pytest does not collect it (no test_ prefix), because the
+and the error of any file that fails. With --grade, every gold answer is also graded against
+itself as a model would state it (boxed, and on a "Final Answer: ... $gold$." line), and every
+one that is not graded correct is listed: a grading change must leave that list empty. pytest does not collect it (no test_ prefix), because the
 unit tests must not depend on data outside the repository.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from stages.config import LocalSource
 from stages.core.adapters import AdapterError, load_local, read_records
+from stages.core.grading import grade_many
 
 # (folder/file, adapter, fields, what we expect to see, from each PROVENANCE.md)
 FILES = [
@@ -61,9 +64,26 @@ def summary(problems: list) -> str:
     return f"answers {sample} ...{level_text}"
 
 
+def self_grade(problems: list) -> list[str]:
+    """Golds that are not graded correct against themselves, stated boxed or on an answer line."""
+    stated = {
+        "boxed": lambda g: f"So the answer is $\\boxed{{{g}}}$.",
+        "answer line": lambda g: f"Final Answer: The final answer is ${g}$. I hope it is correct.",
+    }
+    failed = []
+    for how, state in stated.items():
+        responses = [state(p.answer) for p in problems]
+        grades = grade_many(responses, [p.answer for p in problems],
+                            [p.answer_type for p in problems], 10.0, max_workers=2)
+        failed += [f"{how}: {p.problem_id} gold {p.answer!r} -> {g}"
+                   for p, g in zip(problems, grades, strict=True) if not g.correct]
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("/work/shared/data/benchmarks"))
+    parser.add_argument("--grade", action="store_true", help="grade every gold against itself")
     args = parser.parse_args(argv)
     handler = _Count()
     logging.getLogger("stages.core.adapters").addHandler(handler)
@@ -84,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary(problems)}   [expected: {expected}]")
         for message in handler.messages:
             print(f"{'':32} warning: {message}")
+        if args.grade:
+            failed = self_grade(problems)
+            failures += bool(failed)
+            print(f"{'':32} self-grade: {len(failed)} of {2 * len(problems)} not correct")
+            for line in failed[:20]:
+                print(f"{'':32}   {line}")
     return 1 if failures else 0
 
 

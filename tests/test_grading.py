@@ -119,6 +119,42 @@ def test_extract_boolean(response, expected):
     assert extract_answer(response, "boolean") == expected
 
 
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # several formulas on the answer line: the final value, not the first formula
+        ("Final Answer: The largest $n$ is 34.", "34"),
+        ("Final Answer: The value of $x$ is $5$.", "5"),
+        ("Final Answer: The sum of $a$ and $b$ is $7$.", "7"),
+        ("Answer: Therefore $m+n$ = 1,234", "1,234"),
+        ("Answer: the side $AB$ is 12 cm.", "12 cm"),
+        ("**Final Answer:** Choosing $k$ of them gives $\\binom{10}{3}$.", "\\binom{10}{3}"),
+        # formulas joined only by commas / and / or are one answer of several parts
+        ("Final Answer: $x = 1$ and $x = -1$", "x = 1, x = -1"),
+        ("Answer: The solutions are $2$, $3$, and $5$.", "2, 3, 5"),
+        # an escaped dollar inside a formula is a dollar sign, not its end (MATH-500 golds)
+        ("Final Answer: The final answer is $\\$18.90$. I hope it is correct.", "\\$18.90"),
+        ("Answer: It costs $\\$32,\\!348$ in total.", "\\$32,\\!348"),
+        # no formula: a number stated at the end after "is"
+        ("Answer: the largest n is 34.", "34"),
+        # one formula: as before
+        ("Answer: $\\frac{1}{2}$", "\\frac{1}{2}"),
+        ("Answer: $5$ apples.", "5"),
+        ("Answer: $f(x) = 2x+1$", "f(x) = 2x+1"),
+        ("The answer is: x = 5", "x = 5"),
+    ],
+)
+def test_answer_line_gives_its_final_value(line, expected):
+    assert extract_answer(line, "math") == expected
+
+
+def test_answer_line_final_value_is_graded():
+    assert grade("Final Answer: The largest $n$ is 34.", "34", "math").correct
+    assert not grade("Final Answer: The largest $n$ is 35.", "34", "math").correct
+    assert grade("Final Answer: $x = 1$ and $x = -1$", "1, -1", "math").correct
+    assert grade("Final Answer: The final answer is $\\$18.90$.", "\\$18.90", "math").correct
+
+
 def test_unknown_answer_type_is_a_caller_error():
     with pytest.raises(ValueError, match="answer_type"):
         grade("\\boxed{1}", "1", "number")
@@ -273,6 +309,38 @@ def test_relative_tolerance_is_an_option():
     assert not grade("\\boxed{0.55401}", "0.554", "math", rel_tol=0.0).correct
     # integers never use the tolerance: 100001 is not 100000
     assert not grade("\\boxed{100001}", "100000", "math", rel_tol=1e-4).correct
+
+
+# MATH-500's spelling: the row break "\\" followed by a space
+MATRIX = "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"
+
+
+@pytest.mark.parametrize("boxed", [
+    "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+    "\\begin{pmatrix} 1 & 2 \\\\3 & 4 \\end{pmatrix}",
+    "\\begin{pmatrix}1&2\\\\ 3&4\\end{pmatrix}",
+])
+def test_matrix_rows_survive_a_space_after_the_row_break(boxed):
+    assert grading.normalise(MATRIX) == MATRIX  # the row break "\\" is kept whole
+    result = grade(f"So $\\boxed{{{boxed}}}$.", MATRIX, "math")
+    assert result == Grade(True, boxed, None)
+
+
+@pytest.mark.parametrize("boxed", [
+    "\\begin{pmatrix} 1 & 2 \\\\ 3 & 5 \\end{pmatrix}",
+    "\\begin{pmatrix} 1 & 2 \\\\3 & 5 \\end{pmatrix}",
+    "\\begin{pmatrix} 1 & 5 & 4 \\end{pmatrix}",  # what "1 & 2 \ 3 & 4" (rows lost) was read as
+    "\\begin{pmatrix} 1 & 2 & 3 & 4 \\end{pmatrix}",
+])
+def test_a_different_matrix_is_wrong(boxed):
+    result = grade(f"\\boxed{{{boxed}}}", MATRIX, "math")
+    assert (result.correct, result.error) == (False, None)
+
+
+def test_spacing_macros_still_go():
+    assert grading.normalise("11,\\! 111") == "11,111"
+    assert grading.normalise("2\\,\\text{cm}") == "2 \\text{cm}"
+    assert grading.normalise("a~b\\;c") == "a b c"
 
 
 def test_split_top_level_keeps_brackets_and_thousands():

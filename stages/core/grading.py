@@ -7,9 +7,12 @@ Extraction rules (:func:`extract_answer`)
 -----------------------------------------
 - ``math``: the content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces; also
   ``\\boxed 5``). Only the last one is considered: if it is empty or its braces never close, the
-  fallbacks are used: the text after the last "answer:" / "answer is" (to the end of its line,
-  the first ``$...$`` in it if any), then the text after the last ``####``. There is deliberately
-  no last-number fallback: it would reward answers the model never committed to.
+  fallbacks are used: the text after the last "answer:" / "answer is" (to the end of its line),
+  then the text after the last ``####``. Of that line the final value is taken: its last
+  ``$...$`` (with the formulas before it that only commas, "and" or "or" separate from it), or a
+  number stated after it ("The largest $n$ is 34." gives 34), else the line itself. There is
+  deliberately no last-number fallback over the whole response: it would reward answers the model
+  never committed to.
 - ``choice``: one capital letter A–J, from the first rule that gives one: (1) the last boxed
   content, (2) the text after the last "answer:" / "answer is" (``**Answer:** (B)``, "the answer
   is option C"), (3) the last non-empty line when it is a lone option ("B", "(B)", "B.") or
@@ -21,19 +24,19 @@ Extraction rules (:func:`extract_answer`)
 Math equivalence (:func:`grade`)
 --------------------------------
 Gold and answer are normalised (``$`` signs, ``\\left``/``\\right``, ``\\dfrac``, LaTeX
-spacing, a trailing period). A gold with several top-level comma-separated answers ("1, 2",
-"(1,2),(3,4)"; but "1,234" is one number) needs a one-to-one, order-free match with the
-answer's parts (the answer may use commas, semicolons, "and"/"or", or wrap them in
-``\\{ \\}``). Each pair is then compared by, in order: canonical string equality; numbers,
-when both sides read as a number (integers, decimals, ``1,234`` / ``10,\\!080`` thousands
-separators, ``025``, ``27.0``, ``1.2e-8``, ``1.2\\times10^{-8}``, ``\\frac{a}{b}``, ``a/b``, with
-``\\$``, ``\\%``, degree signs, a leading ``x =`` and trailing units such as ``\\text{ cm}`` or
-" meters" removed); tuples of numbers; and finally math-verify (symbolic equality of
-expressions, intervals, sets, equations). Numbers compare exactly as rationals, except that
-when either side is written as a decimal or in scientific notation a relative tolerance
-``rel_tol`` applies (default 1e-4, as in the Qwen2.5-Math grader; Minerva's rounded decimals
-need it); so integers never match a neighbouring integer. The symbolic path applies the same
-rule to numeric expressions (``\\sqrt{2}`` vs ``1.4142``).
+spacing but never the row break ``\\\\``, a trailing period). A gold with several top-level
+comma-separated answers ("1, 2", "(1,2),(3,4)"; but "1,234" is one number) needs a one-to-one,
+order-free match with the answer's parts (the answer may use commas, semicolons, "and"/"or",
+or wrap them in ``\\{ \\}``). Each pair is then compared by, in order: canonical string
+equality; numbers, when both sides read as a number (integers, decimals, ``1,234`` /
+``10,\\!080`` thousands separators, ``025``, ``27.0``, ``1.2e-8``, ``1.2\\times10^{-8}``,
+``\\frac{a}{b}``, ``a/b``, with ``\\$``, ``\\%``, degree signs, a leading ``x =`` and trailing
+units such as ``\\text{ cm}`` or " meters" removed); tuples of numbers; and finally math-verify
+(symbolic equality of expressions, intervals, sets, equations). Numbers compare exactly as
+rationals, except that when either side is written as a decimal or in scientific notation a
+relative tolerance ``rel_tol`` applies (default 1e-4, as in the Qwen2.5-Math grader; Minerva's
+rounded decimals need it); so integers never match a neighbouring integer. The symbolic path
+applies the same rule to numeric expressions (``\\sqrt{2}`` vs ``1.4142``).
 
 Hard time limit
 ---------------
@@ -100,7 +103,8 @@ class Grade:
 # ---------------------------------------------------------------------------------------------
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _ANSWER_MARKER = re.compile(r"answer\s*(?:is\s*:?|:)", re.IGNORECASE)
-_INLINE_MATH = re.compile(r"\$+([^$]+)\$+|\\\((.+?)\\\)")
+# "$...$" (an escaped "\$" inside is a dollar sign, as in "$\$18.90$") or "\(...\)"
+_INLINE_MATH = re.compile(r"(?<!\\)\$+((?:\\.|[^$\\])+)\$+|\\\((.+?)\\\)")
 _BOOL_WORD = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
 _PAREN_LETTER = re.compile(rf"\(([{LETTERS}])\)")
 _LEADING_LETTER = re.compile(
@@ -146,13 +150,38 @@ def _line_from(text: str, start: int) -> str:
     return text[start : start + 4 * MAX_ANSWER_CHARS].split("\n", 1)[0]
 
 
+# between two formulas of one answer: "$1$, $2$ and $3$", "$x=1$ or $x=-1$"
+_SPAN_JOINER = re.compile(r"\s*(?:[,;]\s*)?(?:(?:and|or)\s+)?", re.IGNORECASE)
+# a number stated at the end of a line, maybe with a unit: "is 34.", "= 12 cm", "equals 1,234"
+_STATED_NUMBER = (r"([-+]?\d[\d,]*(?:\.\d+)?(?:\s*%|(?:\s+(?!(?:and|or)\b)[A-Za-z]+){0,3}))"
+                  r"\s*[.!]?\s*$")
+_TAIL_VALUE = re.compile(rf"\s*(?:is|are|was|equals|equal\s+to|=)\s*{_STATED_NUMBER}", re.I)
+_PROSE_VALUE = re.compile(rf"\s(?:is|are|was|equals|equal\s+to)\s+{_STATED_NUMBER}", re.I)
+
+
 def _clean_inline(text: str) -> str:
-    """The answer inside one line of prose: its first inline formula, else the line, trimmed."""
-    math = _INLINE_MATH.search(text)
-    if math:
-        text = math.group(1) or math.group(2)
+    """The final value of one line of prose ("Final Answer: The largest $n$ is 34." -> "34").
+
+    With formulas: the last one, together with the formulas before it that only commas, "and"
+    or "or" separate from it ("$1$ and $-1$" -> "1, -1"); but a number stated after the last
+    formula wins ("$n$ is 34", "$x$ = 5"). Without formulas: a number stated at the line's end
+    after "is"/"are"/"equals" ("the largest n is 34"), else the whole line.
+    """
     text = text.replace("**", "").strip()
-    return text.rstrip(". ").strip()
+    spans = list(_INLINE_MATH.finditer(text))
+    if spans:
+        run = [spans[-1]]
+        for previous in reversed(spans[:-1]):
+            if not _SPAN_JOINER.fullmatch(text, previous.end(), run[0].start()):
+                break
+            run.insert(0, previous)
+        value = ", ".join((m.group(1) or m.group(2)).strip() for m in run)
+        if stated := _TAIL_VALUE.match(text, spans[-1].end()):
+            value = stated.group(1)
+    else:
+        stated = _PROSE_VALUE.search(text)
+        value = stated.group(1) if stated else text
+    return value.strip().rstrip(". ").strip()
 
 
 def _last_match(pattern: re.Pattern, text: str) -> re.Match | None:
@@ -241,7 +270,16 @@ def extract_answer(response: str, answer_type: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle")
-_THIN_SPACE = re.compile(r"\\[,;: ]|~")
+# LaTeX spacing. The row break \\ is one token, matched first: read character by character,
+# the "\\ 3" of a matrix held a control space "\ " and lost its row break (two rows became one)
+_SPACING = re.compile(r"\\\\|\\!\s*|\\[,;: ]|~")
+
+
+def _spacing(match: re.Match) -> str:
+    """A row break stays; a negative thin space goes; any other spacing becomes one space."""
+    token = match.group()
+    return token if token == "\\\\" else "" if token.startswith("\\!") else " "
+
 
 _NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
 _PLAIN = re.compile(rf"{_NUM}(?:[eE][+-]?\d+)?")
@@ -274,8 +312,7 @@ def normalise(answer: str) -> str:
     s = _UNESCAPED_DOLLAR.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _LEFT_RIGHT.sub("", s)
-    s = re.sub(r"\\!\s*", "", s).replace("{,}", ",")  # "11,\! 111" is 11111
-    s = _THIN_SPACE.sub(" ", s)
+    s = _SPACING.sub(_spacing, s).replace("{,}", ",")  # "11,\\! 111" is 11111
     return s.strip().rstrip(".").strip()
 
 
