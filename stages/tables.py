@@ -10,11 +10,14 @@ Each folder is named by its hive keys (size=, method=, seed=, bench=), which is 
 needs to place its numbers; a cell of the grid without a folder shows "—". Tables are written as
 Markdown, LaTeX (booktabs) and CSV (unformatted numbers and the file each came from), plus one
 HTML page for the Snakemake report; `sources.csv` lists every file read with its provenance.
+The papers' numbers (stages.core.reported) stand in their own labelled columns beside ours
+(main_total, ablation, the ICT-gain summary), never in our cells.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import polars as pl
 
 from . import cli
 from .config import Config
-from .core import render
+from .core import render, reported
 from .core.io import ArtifactError, atomic_path, read_parquet, read_provenance
 from .core.metrics import bootstrap_ci
 from .core.render import MISSING, Table, bold_best, glob_of, mean_or_none, pct
@@ -32,16 +35,25 @@ from .evaluate import METRIC_SCHEMA
 STAGE_VERSION = "1"
 HEADLINE_K = 4  # ICT reports pass@4
 
-# What the papers report (METHODS §7), printed beside our numbers and never mixed with them.
-PAPER_ICT = ("ICT abstract (Qwen2.5 0.5B/1.5B/7B, seven benchmarks): top 10% of unique tokens gives "
-             "+4.58% average and +14.9% maximum pass@4 over GRPO, 20-Entropy and STAPO; no per-cell "
-             "numbers and no aggregation rule are published.")
-PAPER_ICT_AVG, PAPER_ICT_MAX = "+4.58%", "+14.9%"
+# What the papers report (METHODS §7, stages.core.reported), printed beside our numbers and never
+# mixed with them.
+PAPER_ICT_AVG = f"+{reported.HEADLINE_AVG_GAIN_P4:g}%"
+PAPER_ICT_MAX = f"+{reported.HEADLINE_MAX_GAIN_P4:g}%"
+PAPER_ICT = (
+    f"ICT abstract (Qwen2.5 0.5B/1.5B/7B, seven benchmarks): top 10% of unique tokens gives "
+    f"{PAPER_ICT_AVG} average and {PAPER_ICT_MAX} maximum pass@4 over GRPO, 20-Entropy and STAPO. "
+    f"The {reported.HEADLINE_AVG_GAIN_P4:g} is the mean of the per-size average gains ("
+    + ", ".join(f"{s} +{g:g}" for s, g in reported.PER_SIZE_AVG_GAIN_P4.items())
+    + "); which baseline each gain is taken against is unclear, and the maximum's cell is unknown. "
+    f"Source: {reported.ICT_SOURCE}.")
 PAPER_TOKENS = ("20-Entropy paper (Qwen3-8B chains of thought): over 50% of tokens have H < 0.01 and "
                 "only 20% exceed H = 0.672 (its 80th percentile). STAPO paper: about 0.01% of tokens "
                 "silenced. Different models and data from ours: a reference point, not a target.")
 PAPER_ABLATION = ("20-Entropy paper (Qwen3, DAPO): ρ = 10% and 50%/100% both do worse than 20%; training "
-                  "only on the bottom 80% degrades sharply. ICT abstract: top 10% of unique tokens.")
+                  "only on the bottom 80% degrades sharply.")
+TABLE1_LABEL = "reported (summaries of ICT Table 1)"
+RATIO_LABEL = "reported: ICT ratio ablation (Qwen2.5-1.5B, GSM8K)"
+RATIO_SCOPE = "Qwen2.5-1.5B trained and tested on GSM8K, as reported by summaries of the ICT paper"
 CURVES = [("reward_mean", "reward (mean)", False), ("entropy_mean", "entropy H (nats)", True),
           ("renyi2_mean", "Rényi-2 entropy H₂ (nats)", True),
           ("selected_fraction", "fraction of tokens selected", False),
@@ -53,23 +65,81 @@ SELECTOR_PAIRS = [("entropy20", "stapo"), ("entropy20", "ict"), ("stapo", "ict")
 # ---------------------------------------------------------------------------------------------
 # Names, labels and the method groups
 # ---------------------------------------------------------------------------------------------
+NOT_ICT = "not ICT"
+READINGS = {"token_id": "JSD token-id reading", "scope_position": "JSD scope-position reading"}
+"""ICT variants that are our earlier readings, contradicted by the recovered text (METHODS §3):
+labelled as ours and never as ICT."""
+
+
+def _non_default(selector: str, params: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """`params` that differ from the selector's defaults, printed (ρ=0.2, part=frequent)."""
+    from .core.selectors import spec_of
+
+    default = spec_of(selector).validate({}).model_dump()
+    return [_param_text(k, v) for k, v in params.items()
+            if k not in skip and k != "seed" and v != default.get(k)]
+
+
+def _param_text(key: str, value) -> str:
+    name = {"rho": "ρ", "tau_p": "τ_p"}.get(key, key)
+    return f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+
+
+def is_reading(cfg: Config, name: str) -> bool:
+    """An `ict`-selector method with one of our earlier readings (token_id, scope_position)."""
+    m = cfg.methods.get(name)
+    return m is not None and m.selector == "ict" and m.selector_params()["variant"] in READINGS
+
+
+def is_ict(cfg: Config, name: str) -> bool:
+    """ICT's rule as the paper defines it: variant paper, the top ρ (not the 'frequent' complement)."""
+    m = cfg.methods.get(name)
+    if m is None or m.selector != "ict":
+        return False
+    p = m.selector_params()
+    return p["variant"] == "paper" and p["part"] == "unique"
+
+
 def method_label(cfg: Config, name: str) -> str:
-    """The printed name; an ICT label always names its variant and that the reading is ours."""
+    """The printed name. ICT's rule without a label is 'ICT' (with its parameters where they
+    differ from the defaults); our earlier readings never read as ICT: without a label they are
+    'JSD token-id reading (ours, not ICT)' and so on, and a label that does not say 'not ICT'
+    is put after the reading's name."""
     if name == "base":
         return "Base model"
     m = cfg.methods[name]
-    label = m.label or name
-    if m.selector == "ict" and m.variant not in label:
-        label += f" [{m.variant}, ours]"
-    return label
+    if m.selector != "ict":
+        return m.label or name
+    params = m.selector_params()
+    variant = params["variant"]
+    if variant == "paper":
+        if m.label:
+            return m.label
+        if params["part"] == "frequent":  # the paper's "90%-frequent" control
+            extra = _non_default("ict", params, skip=("rho", "part"))
+            return (f"{round(100 * (1 - params['rho']), 6):g}%-frequent (complement of ICT)"
+                    + (f" ({', '.join(extra)})" if extra else ""))
+        extra = _non_default("ict", params)
+        return "ICT" + (f" ({', '.join(extra)})" if extra else "")
+    if m.label:
+        return m.label if NOT_ICT.lower() in m.label.lower() else (
+            f"{READINGS[variant]} (ours, {NOT_ICT}): {m.label}")
+    extra = _non_default("ict", params, skip=("variant",))
+    return f"{READINGS[variant]}{''.join(' ' + e for e in extra)} (ours, {NOT_ICT})"
 
 
 def method_params(cfg: Config, name: str) -> str:
+    """The selector and its parameters (all of them, defaults included), and the warm-up Θ."""
     m = cfg.methods[name]
     parts = [m.selector]
-    parts += [f"ρ={m.rho:g}"] if m.rho is not None else []
-    parts += [m.variant] if m.variant else []
-    parts += [f"τ_p={m.tau_p:g}", f"q={m.q:g}"] if m.selector == "stapo" else []
+    for key, value in m.selector_params().items():
+        if key == "seed" or (key, value) in (("variant", "paper"), ("part", "unique")):
+            continue  # the trainer's generator replaces the seed; paper/unique: ICT's rule
+        if key == "variant":
+            parts.append(f"{value} reading (ours, {NOT_ICT})")
+        else:
+            parts.append(_param_text(key, value))
+    parts += [f"Θ={m.warmup_steps}"] if m.warmup_steps else []
     return ", ".join(parts)
 
 
@@ -104,6 +174,8 @@ def output_names(cfg: Config) -> dict[str, list[str]]:
     _, ablation = method_groups(cfg)
     tables = [f"main_pass{k}.{ext}" for k in cfg.evaluate.k for ext in ("md", "tex", "csv")]
     tables += [f"ict_gains_pass{k}.csv" for k in cfg.evaluate.k]
+    if has_total(cfg):
+        tables += [f"main_total.{ext}" for ext in ("md", "tex", "csv")]
     tables += [f"base_gains.{ext}" for ext in ("md", "tex", "csv")]
     tables += [f"token_stats.{ext}" for ext in ("md", "tex", "csv")]
     if ablation:
@@ -290,8 +362,10 @@ def main_table(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table, pl.Da
         + ". Bold: best per size. Avg.: unweighted mean over the benchmarks (— if one is missing)."
         + (f" Δ: Avg. minus {method_label(cfg, grpo)}'s Avg., in points." if grpo else ""),
         f"95% bootstrap intervals over problems ({ev.bootstrap} resamples): main_pass{k}.csv.",
-        "ICT rows are our reading of an under-specified method (the variant is in the label; "
-        "METHODS §3); they are not the paper's numbers.",
+        "ICT rows follow the paper's rule as summaries of its text give it (METHODS §3); rows "
+        f"marked '{NOT_ICT}' are our earlier readings. Every cell is ours"
+        + (": the paper's numbers stand beside ours in main_total, never in these cells."
+           if has_total(cfg) else "."),
         sources_note(used, f"main_pass{k}.csv"),
     ]
     title = f"Main results: pass@{k} (%) per size, method and benchmark"
@@ -303,7 +377,7 @@ def main_table(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table, pl.Da
 def ict_gains(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table | None, pl.DataFrame]:
     """ICT minus each baseline, per size x benchmark, in points; the paper's headline beside it."""
     main, _ = method_groups(cfg)
-    icts = [m for m in main if cfg.methods[m].selector == "ict"]
+    icts = [m for m in main if is_ict(cfg, m)]  # ICT's rule only: the headline is about it
     baselines = [m for m in main if cfg.methods[m].selector != "ict"]
     table = cells(metrics, f"pass@{k}", cfg.experiment.seeds)
     records = []
@@ -356,6 +430,110 @@ def ict_gains(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table | None,
         notes.append("Paper: " + PAPER_ICT)
     t = Table(f"ICT against the baselines, pass@{k}", columns, rows, None, starts, notes,
               align="llrrrl" + ("l" if paper else ""))
+    return t, frame
+
+
+# ---------------------------------------------------------------------------------------------
+# 1b. Total (mean of pass@1 and pass@4), ours beside ICT's Table 1
+# ---------------------------------------------------------------------------------------------
+TOTAL_KS = (1, 4)  # ICT's Total is the mean of P@1 and P@4
+_PAPER_SIZE = re.compile(r"(?<![0-9.])(0\.5|1\.5|7)b(?![a-z0-9])")
+
+
+def paper_size(cfg: Config, size: str) -> str | None:
+    """The size of ICT's Table 1 a hub model stands for ('0.5B', '1.5B', '7B'), from '0.5b',
+    '1.5b' or '7b' in its model id or else its size key (case-insensitive); None for scratch
+    models and for names with none of them (or with two different ones)."""
+    model = cfg.models[size]
+    if model.source != "hub":
+        return None
+    for name in (model.hub.model_id, size):
+        found = {m.group(1) for m in _PAPER_SIZE.finditer(name.lower())}
+        if len(found) == 1:
+            return f"{found.pop()}B"
+        if found:
+            return None
+    return None
+
+
+def has_total(cfg: Config) -> bool:
+    return set(TOTAL_KS) <= set(cfg.evaluate.k)
+
+
+def reported_text(v: float | None) -> str:
+    return MISSING if v is None else f"{v:.2f}"  # as printed: two decimals
+
+
+def main_total_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.DataFrame]:
+    """Per size x method: our P@1, P@4 and Total (their mean), each averaged over our benchmarks;
+    beside them, in their own columns, the reported P@1 / P@4 / Total of the method's paper_row
+    at the matching paper size (reported.TABLE1)."""
+    exp = cfg.experiment
+    main, _ = method_groups(cfg)
+    methods = ["base", *main]
+    by_k = {k: cells(metrics, f"pass@{k}", exp.seeds) for k in TOTAL_KS}
+    columns = ["Size", "Method", "P@1 (ours)", "P@4 (ours)", "Total (ours)", TABLE1_LABEL,
+               "P@1 (rep.)", "P@4 (rep.)", "Total (rep.)"]
+    rows, bold, starts, records, used = [], [], [], [], []
+    for size in exp.sizes:
+        starts.append(len(rows))
+        psize = paper_size(cfg, size)
+        block, files = [], []
+        for method in methods:
+            avgs = [mean_or_none([by_k[k][size, method, b].value if (size, method, b) in by_k[k]
+                                  else None for b in exp.benchmarks]) for k in TOTAL_KS]
+            block.append([*avgs, mean_or_none(avgs)])
+            files.append([s for k in TOTAL_KS for b in exp.benchmarks
+                          for s in (by_k[k][size, method, b].sources
+                                    if (size, method, b) in by_k[k] else ())])
+        marks = bold_best(block)
+        for i, method in enumerate(methods):
+            row_name = "Base" if method == "base" else cfg.methods[method].paper_row
+            rep = reported.TABLE1.get((psize, row_name)) if psize and row_name else None
+            where = f"Qwen2.5-{psize}, {row_name}" if rep else MISSING
+            p1, p4, total = block[i]
+            rows.append([size_label(cfg, size) if i == 0 else "", method_label(cfg, method),
+                         pct(p1), pct(p4), pct(total), where,
+                         *(reported_text(getattr(rep, f) if rep else None) for f in ("p1", "p4", "total"))])
+            bold.append([False, False, *marks[i], False, False, False, False])
+            records.append({
+                "size": size, "method": method, "label": method_label(cfg, method),
+                "pass1_avg": None if p1 is None else 100 * p1,
+                "pass4_avg": None if p4 is None else 100 * p4,
+                "total": None if total is None else 100 * total,
+                "best_in_size": ";".join(c for c, m in zip(("pass1_avg", "pass4_avg", "total"),
+                                                           marks[i], strict=True) if m),
+                "reported_size": f"Qwen2.5-{psize}" if rep else None,
+                "reported_row": row_name if rep else None,
+                "reported_p1": rep.p1 if rep else None, "reported_p4": rep.p4 if rep else None,
+                "reported_total": rep.total if rep else None,
+                "reported_source": reported.ICT_SOURCE if rep else None,
+                "sources": ";".join(files[i])})
+            used += files[i]
+    seeds = sorted(set(exp.seeds))
+    benches = ", ".join(bench_label(cfg, b) for b in exp.benchmarks)
+    notes = [
+        f"Ours: pass@1 and pass@4 in %, each the unweighted mean over our benchmarks ({benches})"
+        + (f" and over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else "")
+        + "; Total = (P@1 + P@4) / 2, as ICT's Table 1 defines it; — if a benchmark is missing. "
+        "Bold: best of ours per size. Per-benchmark cells: main_pass1, main_pass4.",
+        f"{TABLE1_LABEL[0].upper() + TABLE1_LABEL[1:]}: Qwen2.5 at the paper size that matches ours "
+        "('0.5b', '1.5b' or '7b' in the hub model id or the size name; — for sizes that match none, "
+        "and for methods without a Table 1 row), averaged over the paper's seven benchmarks "
+        "(MATH-500, GSM8K, MMLU-STEM, GPQA, AIME 2023/2024/2025), mean of 5 seeds. Totals as printed "
+        "(7B GRPO and 20-Entropy: not the mean of their P@1 and P@4). The paper's benchmarks, "
+        "training data and Qwen2.5 models, not ours: printed beside our cells, never in them. "
+        f"Source: {reported.ICT_SOURCE}.",
+        sources_note(used, "main_total.csv"),
+    ]
+    t = Table("Main results: pass@1, pass@4 and Total (%), ours beside the reported numbers",
+              columns, rows, bold, starts, notes, align="llrrrlrrr")
+    frame = pl.DataFrame(records, schema={
+        "size": pl.String, "method": pl.String, "label": pl.String, "pass1_avg": pl.Float64,
+        "pass4_avg": pl.Float64, "total": pl.Float64, "best_in_size": pl.String,
+        "reported_size": pl.String, "reported_row": pl.String, "reported_p1": pl.Float64,
+        "reported_p4": pl.Float64, "reported_total": pl.Float64, "reported_source": pl.String,
+        "sources": pl.String})
     return t, frame
 
 
@@ -505,8 +683,25 @@ def token_table(cfg: Config, stats: pl.DataFrame) -> tuple[Table, pl.DataFrame]:
 # ---------------------------------------------------------------------------------------------
 # 4. Ablations
 # ---------------------------------------------------------------------------------------------
-FAMILIES = [("ICT", {"ict"}), ("20-Entropy", {"entropy_top"}),
-            ("controls", {"entropy_bottom", "random"}), ("other", {"all", "stapo"})]
+FAMILIES = ("ICT", f"JSD readings (ours, {NOT_ICT})", "20-Entropy", "controls", "other")
+
+
+def family(cfg: Config, name: str) -> str:
+    """The ablation table's group of a method (one of FAMILIES)."""
+    selector = cfg.methods[name].selector
+    if selector == "ict":
+        return FAMILIES[1] if is_reading(cfg, name) else "ICT"
+    if selector == "entropy_top":
+        return "20-Entropy"
+    return "controls" if selector in ("entropy_bottom", "random") else "other"
+
+
+def ratio_row(cfg: Config, name: str) -> str | None:
+    """The row of ICT's ratio ablation (reported.RATIO_ABLATION) a method stands for: its
+    paper_row, where ICT is the ablation's 10%-unique."""
+    row = cfg.methods[name].paper_row
+    row = "10%-unique" if row == "ICT" else row
+    return row if row in reported.RATIO_ABLATION and row != "Base" else None
 
 
 def ablation_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.DataFrame] | None:
@@ -514,8 +709,8 @@ def ablation_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.DataFr
     if not ablation:
         return None
     grpo = grpo_method(cfg, main)
-    touched = {cfg.methods[m].selector for m in ablation}
-    refs = [m for m in main if cfg.methods[m].selector in touched and m != grpo]
+    touched = {family(cfg, m) for m in ablation}
+    refs = [m for m in main if family(cfg, m) in touched and m != grpo]
     ks = sorted(cfg.evaluate.k, reverse=True)
     hk = headline_k(cfg)
     by_k = {k: cells(metrics, f"pass@{k}", cfg.experiment.seeds) for k in ks}
@@ -524,19 +719,24 @@ def ablation_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.DataFr
         return mean_or_none([by_k[k][size, method, b].value if (size, method, b) in by_k[k] else None
                              for b in cfg.experiment.benchmarks])
 
+    def order(m):
+        p = cfg.methods[m].selector_params()
+        return (str(p.get("variant", "")), str(p.get("part", "")), p.get("rho", 0.0),
+                cfg.methods[m].warmup_steps, m)
+
     ordered = [("reference", grpo)] if grpo else []
-    for family, selectors in FAMILIES:
-        members = [m for m in refs + ablation if cfg.methods[m].selector in selectors]
-        members.sort(key=lambda m: (cfg.methods[m].variant or "", cfg.methods[m].rho or 0.0, m))
-        ordered += [(family, m) for m in members]
+    for fam in FAMILIES:
+        ordered += [(fam, m) for m in sorted((m for m in refs + ablation if family(cfg, m) == fam),
+                                            key=order)]
     columns = ["Family", "Method", "Selector"]
     for size in cfg.experiment.sizes:
         columns += [f"{size_label(cfg, size)} pass@{k}" for k in ks]
         if grpo:
             columns.append(f"{size_label(cfg, size)} Δ@{hk}")
+    columns += [RATIO_LABEL, "P@1 (rep.)", "P@4 (rep.)"]
     values, records = [], []
-    for family, method in ordered:
-        row, record = [], {"family": family, "method": method, "label": method_label(cfg, method),
+    for fam, method in ordered:
+        row, record = [], {"family": fam, "method": method, "label": method_label(cfg, method),
                            "params": method_params(cfg, method), "in_main_table": method in main}
         for size in cfg.experiment.sizes:
             for k in ks:
@@ -548,35 +748,49 @@ def ablation_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.DataFr
                 d = None if method == grpo or None in (v, g) else v - g
                 row.append(d)
                 record[f"{size}_delta{hk}_vs_grpo"] = None if d is None else 100 * d
+        rrow = ratio_row(cfg, method)
+        rep = reported.RATIO_ABLATION.get(rrow) if rrow else None
+        record.update(reported_row=rrow, reported_p1=rep.p1 if rep else None,
+                      reported_p4=rep.p4 if rep else None,
+                      reported_scope=RATIO_SCOPE if rep else None)
         record["sources"] = ";".join(s for size in cfg.experiment.sizes for k in ks
                                      for b in cfg.experiment.benchmarks
                                      for s in (by_k[k][size, method, b].sources
                                                if (size, method, b) in by_k[k] else ()))
         values.append(row)
         records.append(record)
-    # bold the best pass@k per column, not the Δ columns
+    # bold the best pass@k per column of ours; not the Δ columns, never the reported ones
     marks = bold_best(values)
     per_size = len(ks) + (1 if grpo else 0)
     rows, bold, starts = [], [], []
-    for i, ((family, method), row) in enumerate(zip(ordered, values, strict=True)):
-        if i == 0 or ordered[i - 1][0] != family:
+    for i, ((fam, method), row, record) in enumerate(zip(ordered, values, records, strict=True)):
+        if i == 0 or ordered[i - 1][0] != fam:
             starts.append(i)
         cells_ = [pct(v, signed=grpo is not None and j % per_size == per_size - 1)
                   for j, v in enumerate(row)]
-        rows.append([family if i in starts else "", method_label(cfg, method),
-                     method_params(cfg, method), *cells_])
+        rep = [record["reported_row"] or MISSING, reported_text(record["reported_p1"]),
+               reported_text(record["reported_p4"])]
+        rows.append([fam if i in starts else "", method_label(cfg, method),
+                     method_params(cfg, method), *cells_, *rep])
         bold.append([False] * 3 + [m and not (grpo and j % per_size == per_size - 1)
-                                   for j, m in enumerate(marks[i])])
+                                   for j, m in enumerate(marks[i])] + [False] * 3)
     used = [s for r in records for s in r["sources"].split(";") if s]
+    base = reported.RATIO_ABLATION["Base"]
     notes = [
-        f"Average pass@k in % over the benchmarks ({', '.join(bench_label(cfg, b) for b in cfg.experiment.benchmarks)}); "
-        "— if a benchmark is missing. Bold: best per column."
+        f"Ours: average pass@k in % over our benchmarks ({', '.join(bench_label(cfg, b) for b in cfg.experiment.benchmarks)}) "
+        "for our sizes; — if a benchmark is missing. Bold: best of ours per column."
         + (f" Δ@{hk}: minus {method_label(cfg, grpo)}, in points." if grpo else ""),
+        f"Reported (the last three columns): {RATIO_SCOPE}, P@1 / P@4 in % (base model "
+        f"{reported_text(base.p1)} / {reported_text(base.p4)}), for the methods whose paper_row is "
+        "one of its rows (ICT: 10%-unique). They are on GSM8K with Qwen2.5-1.5B, ours on our "
+        "benchmarks and sizes: beside our cells, not comparable with them cell by cell, and never "
+        f"in them. Source: {reported.ICT_SOURCE}.",
         "Paper: " + PAPER_ABLATION,
         sources_note(used, "ablation.csv"),
     ]
-    t = Table("Ablations: selected fraction ρ, ICT variants and controls", columns, rows, bold,
-              starts, notes, left_columns=3)
+    t = Table("Ablations: selected fraction ρ, warm-up Θ, controls and our earlier JSD readings",
+              columns, rows, bold, starts, notes,
+              align="lll" + "r" * (len(columns) - 6) + "lrr")
     return t, pl.DataFrame(records, infer_schema_length=None)
 
 
@@ -705,6 +919,10 @@ def main(args, cfg: Config) -> None:
         write_table(parts, frame, tables_dir / f"main_pass{k}")
         write_csv(gain_frame, tables_dir / f"ict_gains_pass{k}.csv")
         everything += [t for t, _ in parts]
+    if has_total(cfg):
+        table, frame = main_total_table(cfg, data.metrics)
+        write_table([(table, "tab:main-total")], frame, tables_dir / "main_total")
+        everything.append(table)
     table, frame = base_gain_table(cfg, data.counts)
     write_table([(table, "tab:base-gains")], frame, tables_dir / "base_gains")
     everything.append(table)

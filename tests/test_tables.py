@@ -11,14 +11,21 @@ import pyarrow as pa
 import pytest
 
 from stages.config import validate
-from stages.core import render
+from stages.core import render, reported
 from stages.core.io import provenance, write_parquet
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA
 from stages.tables import (
+    RATIO_LABEL,
+    TABLE1_LABEL,
+    ablation_table,
+    ict_gains,
     main,
+    main_total_table,
     method_groups,
     method_label,
+    method_params,
     output_names,
+    paper_size,
     pass_at_k_curves,
 )
 from tests.conftest import ROOT, run_stage, write_yaml
@@ -31,7 +38,8 @@ PASS4 = {
     "entropy20": [0.55, 0.35, 0.12],
     "stapo": [0.45, 0.42, 0.08],
     "ict": [0.60, 0.38, 0.15],
-    "ict-rho0.05": [0.52, 0.30, 0.05],
+    "ict-rho0.2": [0.52, 0.30, 0.05],
+    "jsd-token-id": [0.40, 0.33, 0.06],
     "random10": [0.30, 0.20, 0.02],
 }
 MISSING_CELL = ("tiny-m", "stapo", "arith-hard")  # no evaluation: "—" and no average
@@ -47,16 +55,17 @@ def value(size, method, bench, k):
 def config(default_raw, ablations=True):
     raw = copy.deepcopy(default_raw)
     raw["experiment"]["methods"] = ["grpo", "entropy20", "stapo", "ict"] + (
-        ["ict-rho0.05", "random10"] if ablations else [])
+        ["ict-rho0.2", "jsd-token-id", "random10"] if ablations else [])
     raw["evaluate"]["main_methods"] = ["grpo", "entropy20", "stapo", "ict"]
     # the printed names, fixed here so that the expectations do not follow the default config
     raw["models"]["tiny-s"]["label"], raw["models"]["tiny-m"]["label"] = "Tiny-S", "Tiny-M"
     for bench, label in zip(BENCHES, ["Easy", "Mid", "Hard"], strict=True):
         raw["datasets"][bench]["label"] = label
     for method, label in [("grpo", "GRPO"), ("entropy20", "20-Entropy"), ("stapo", "STAPO"),
-                          ("ict", "ICT (token_id, ours)")]:
+                          ("ict", "ICT")]:
         raw["methods"][method]["label"] = label
-    raw["methods"]["ict-rho0.05"].pop("label", None)
+    for method in ("ict-rho0.2", "jsd-token-id"):  # their labels come from method_label
+        raw["methods"][method].pop("label", None)
     return raw
 
 
@@ -154,18 +163,18 @@ def test_every_declared_output_is_written(rendered):
 def test_main_table_values_bold_averages_and_delta(rendered):
     root, _ = rendered
     rows = md_rows((root / "tables" / "main_pass4.md").read_text(), "Main results: pass@4")
-    assert [r[1] for r in rows[:5]] == ["Base model", "GRPO", "20-Entropy", "STAPO", "ICT (token_id, ours)"]
+    assert [r[1] for r in rows[:5]] == ["Base model", "GRPO", "20-Entropy", "STAPO", "ICT"]
     assert rows[0][0] == "Tiny-S" and rows[1][0] == "" and rows[5][0] == "Tiny-M"
     tiny_s = {r[1]: r[2:] for r in rows[:5]}
     # bold: best per size and column (ICT on easy and hard and the average, STAPO on mid)
-    assert tiny_s["ICT (token_id, ours)"] == ["**60.0**", "38.0", "**15.0**", "**37.7**", "+4.3"]
+    assert tiny_s["ICT"] == ["**60.0**", "38.0", "**15.0**", "**37.7**", "+4.3"]
     assert tiny_s["STAPO"] == ["45.0", "**42.0**", "8.0", "31.7", "-1.7"]
     assert tiny_s["GRPO"] == ["50.0", "40.0", "10.0", "33.3", "ref."]
     assert tiny_s["Base model"] == ["20.0", "10.0", "0.0", "10.0", "-23.3"]
     tiny_m = {r[1]: r[2:] for r in rows[5:10]}
     # a missing evaluation: "—", no average, no Δ
     assert tiny_m["STAPO"] == ["55.0", "**52.0**", "—", "—", "—"]
-    assert tiny_m["ICT (token_id, ours)"] == ["**72.0**", "50.0", "**27.0**", "**49.7**", "+6.3"]
+    assert tiny_m["ICT"] == ["**72.0**", "50.0", "**27.0**", "**49.7**", "+6.3"]
     # ablation methods stay out of the main table
     assert not any("rho0.05" in r[1] or "random" in r[1] for r in rows)
     pass1 = md_rows((root / "tables" / "main_pass1.md").read_text(), "Main results: pass@1")
@@ -182,7 +191,7 @@ def test_ict_gains_beside_the_paper_headline(rendered):
     # STAPO misses one cell: no average over an incomplete set
     assert by_baseline["STAPO"][2:5] == ["5/6", "—", "—"]
     assert by_baseline["GRPO, 20-Entropy, STAPO"][-1] == "+4.58% avg, +14.9% max"
-    assert "Paper: ICT abstract" in text and "no aggregation rule are published" in text
+    assert "Paper: ICT abstract" in text and "0.5B +4.37, 1.5B +4.98, 7B +4.38" in text
     gains = pl.read_csv(root / "tables" / "ict_gains_pass4.csv")
     assert gains.height == 17
     grpo = gains.filter(pl.col("baseline") == "grpo")
@@ -210,14 +219,14 @@ def test_csv_keeps_numbers_intervals_and_their_files(rendered):
     assert hit["config_hash"].to_list() == ["hash-tiny-s-ict-arith-easy"]
     assert set(sources["stage"]) == {"evaluate", "train", "token_stats"}
     long = pl.read_csv(root / "tables" / "eval_long.csv")
-    assert long.height == (2 * 7 * 3 - 1) * 2 and {"size", "method", "seed", "bench", "source"} <= set(long.columns)
+    assert long.height == (2 * 8 * 3 - 1) * 2 and {"size", "method", "seed", "bench", "source"} <= set(long.columns)
 
 
 def test_latex_is_booktabs_with_escapes(rendered):
     root, _ = rendered
     tex = (root / "tables" / "main_pass4.tex").read_text()
     assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 2  # main table and the gains
-    assert r"\textbf{60.0}" in tex and r"ICT (token\_id, ours)" in tex
+    assert r"\textbf{60.0}" in tex and r"in main\_total" in tex
     assert r"$\Delta$ Avg. vs GRPO" in tex and r"pass@4 (\%)" in tex
     body = tex.split(r"\begin{tabular}")[1].split(r"\end{tabular}")[0]
     assert body.count(r"\midrule") == 2  # under the header and between the sizes
@@ -239,17 +248,69 @@ def test_ablation_table(rendered):
     root, cfg = rendered
     rows = md_rows((root / "tables" / "ablation.md").read_text(), "Ablations")
     methods = [r[1] for r in rows]
-    # the ICT family in ρ order, the main ICT method among them
-    assert methods == ["GRPO", "ict-rho0.05 [token_id, ours]", "ICT (token_id, ours)", "random10"]
-    assert [r[0] for r in rows] == ["reference", "ICT", "", "controls"]
-    rho = rows[1]
-    assert rho[2] == "ict, ρ=0.05, token_id"
+    # the ICT family in ρ order, the main ICT method among them; our readings apart from ICT
+    assert methods == ["GRPO", "ICT", "ICT (ρ=0.2)", "JSD token-id reading (ours, not ICT)",
+                       "Random 10% of the batch"]
+    assert [r[0] for r in rows] == ["reference", "ICT", "", "JSD readings (ours, not ICT)", "controls"]
+    rho = rows[2]
+    assert rho[2] == "ict, ρ=0.2, Θ=6"
+    assert rows[3][2] == "ict, ρ=0.1, token_id reading (ours, not ICT)"
     # tiny-s: pass@4 avg (0.52 + 0.30 + 0.05) / 3, pass@1 half of it, Δ@4 against GRPO's 33.3
     assert rho[3:6] == ["29.0", "14.5", "-4.3"]
-    assert rows[2][3] == "**37.7**"  # best pass@4 of tiny-s among the ablation rows
+    assert rows[1][3] == "**37.7**"  # best pass@4 of tiny-s among the ablation rows
     assert rows[0][5] == "ref." or rows[0][5] == "—"
     csv = pl.read_csv(root / "tables" / "ablation.csv")
     assert csv.filter(pl.col("method") == "random10")["in_main_table"].to_list() == [False]
+
+
+def test_ablation_table_has_the_reported_ratio_ablation_beside_ours(rendered):
+    root, cfg = rendered
+    text = (root / "tables" / "ablation.md").read_text()
+    header = next(ln for ln in text.splitlines() if ln.startswith("| Family"))
+    columns = [c.strip() for c in header.strip("|").split(" | ")]
+    assert columns[-3:] == [RATIO_LABEL, "P@1 (rep.)", "P@4 (rep.)"]
+    assert columns[3:9] == ["Tiny-S pass@4", "Tiny-S pass@1", "Tiny-S Δ@4",
+                            "Tiny-M pass@4", "Tiny-M pass@1", "Tiny-M Δ@4"]
+    rows = {r[1]: r for r in md_rows(text, "Ablations")}
+    ratio = reported.RATIO_ABLATION
+
+    def rep(row):
+        return [row, f"{ratio[row].p1:.2f}", f"{ratio[row].p4:.2f}"]
+
+    # paper_row GRPO, ICT (the ablation's 10%-unique) and 20%-unique; none for the others
+    assert rows["GRPO"][-3:] == rep("GRPO") == ["GRPO", "57.45", "78.45"]
+    assert rows["ICT"][-3:] == rep("10%-unique")
+    assert rows["ICT (ρ=0.2)"][-3:] == rep("20%-unique")
+    assert rows["JSD token-id reading (ours, not ICT)"][-3:] == ["—", "—", "—"]
+    assert rows["Random 10% of the batch"][-3:] == ["—", "—", "—"]
+    # our cells stay ours: GRPO's tiny-s pass@4 average is 33.3, not a reported number
+    assert rows["GRPO"][3:5] == ["33.3", "16.7"]
+    notes = text.split("Ablations")[1]
+    assert "Qwen2.5-1.5B trained and tested on GSM8K, as reported by summaries of the ICT paper" in notes
+    assert "ours on our benchmarks and sizes" in notes and "Ours: average pass@k in % over our benchmarks (Easy, Mid, Hard)" in notes
+    assert f"base model {ratio['Base'].p1:.2f} / {ratio['Base'].p4:.2f}" in notes
+    csv = pl.read_csv(root / "tables" / "ablation.csv")
+    ict = csv.filter(pl.col("method") == "ict").row(0, named=True)
+    assert (ict["reported_row"], ict["reported_p1"], ict["reported_p4"]) == (
+        "10%-unique", ratio["10%-unique"].p1, ratio["10%-unique"].p4)
+    assert ict["tiny-s_pass4_avg"] == pytest.approx(113 / 3)
+
+
+def test_ratio_rows_of_the_paper_controls(default_raw):
+    """random 10% has no reported P@4; 90%-frequent and the response-level random control map."""
+    raw = config(default_raw)
+    raw["experiment"]["methods"] += ["ict-frequent90", "random10-response", "ict-rho0.3"]
+    cfg = validate(raw, "test")
+    table, _ = ablation_table(cfg, pl.DataFrame())
+    rows = {r[1]: r for r in table.rows}
+    ratio = reported.RATIO_ABLATION
+    assert rows["ICT 90%-frequent"][-3:] == ["90%-frequent", f"{ratio['90%-frequent'].p1:.2f}",
+                                             f"{ratio['90%-frequent'].p4:.2f}"]
+    assert rows["Random 10% per response"][-3:] == ["random 10%", f"{ratio['random 10%'].p1:.2f}", "—"]
+    assert rows["ICT ρ=0.3"][-3:-1] == ["30%-unique", f"{ratio['30%-unique'].p1:.2f}"]
+    # no evaluations: every one of our cells is "—" while the reported ones are filled
+    for row in table.rows:
+        assert row[3:-3] == ["—"] * (len(row) - 6)
 
 
 def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
@@ -259,7 +320,7 @@ def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
     assert not (tmp_path / "tables" / "ablation.md").exists()
     assert "Ablations" not in (tmp_path / "tables" / "tables.md").read_text()
     html = (tmp_path / "tables" / "tables.html").read_text()
-    assert "<b>60.0</b>" in html and html.count("<table>") == 6  # 2 main, 2 ICT gains, base gains, token stats
+    assert "<b>60.0</b>" in html and html.count("<table>") == 7  # 2 main, 2 ICT gains, total, base gains, token stats
 
 
 def test_a_path_without_hive_keys_is_an_error(tmp_path, default_raw):
@@ -274,13 +335,54 @@ def test_a_path_without_hive_keys_is_an_error(tmp_path, default_raw):
 def test_method_labels_and_groups(default_raw):
     cfg = validate(config(default_raw), "test")
     assert method_label(cfg, "base") == "Base model"
-    assert method_label(cfg, "ict") == "ICT (token_id, ours)"
-    assert method_label(cfg, "ict-rho0.05") == "ict-rho0.05 [token_id, ours]"
-    assert method_groups(cfg) == (["grpo", "entropy20", "stapo", "ict"], ["ict-rho0.05", "random10"])
+    assert method_label(cfg, "ict") == "ICT"
+    assert method_label(cfg, "ict-rho0.2") == "ICT (ρ=0.2)"
+    assert method_groups(cfg) == (["grpo", "entropy20", "stapo", "ict"],
+                                  ["ict-rho0.2", "jsd-token-id", "random10"])
     raw = config(default_raw)
     raw["evaluate"]["main_methods"] = ["grpo", "ppo"]
     with pytest.raises(Exception, match=r"evaluate.main_methods.1: 'ppo' is not in experiment.methods"):
         validate(raw, "test")
+
+
+def test_our_earlier_readings_never_read_as_ict(default_raw):
+    raw = config(default_raw)
+    raw["methods"]["jsd-scope-position"].pop("label")
+    raw["methods"].update({
+        "plain": {"selector": "ict"},  # ICT's rule, no label
+        "token-rho": {"selector": "ict", "variant": "token_id", "rho": 0.2},
+        "claims-ict": {"selector": "ict", "variant": "token_id", "label": "ICT"},
+        "says-so": {"selector": "ict", "variant": "scope_position", "label": "pos (ours, not ICT)"},
+        "frequent": {"selector": "ict", "part": "frequent"},
+    })
+    cfg = validate(raw, "test")
+    assert method_label(cfg, "plain") == "ICT"
+    assert method_label(cfg, "jsd-token-id") == "JSD token-id reading (ours, not ICT)"
+    assert method_label(cfg, "jsd-scope-position") == "JSD scope-position reading (ours, not ICT)"
+    assert method_label(cfg, "token-rho") == "JSD token-id reading ρ=0.2 (ours, not ICT)"
+    # a label that calls a reading ICT comes after the reading's name and "not ICT"
+    assert method_label(cfg, "claims-ict") == "JSD token-id reading (ours, not ICT): ICT"
+    assert method_label(cfg, "says-so") == "pos (ours, not ICT)"
+    assert method_label(cfg, "frequent") == "90%-frequent (complement of ICT)"
+    for name in ("jsd-token-id", "jsd-scope-position", "token-rho", "claims-ict", "says-so"):
+        assert "not ICT" in method_label(cfg, name) and not method_label(cfg, name).startswith("ICT")
+        assert "reading (ours, not ICT)" in method_params(cfg, name)
+    assert method_params(cfg, "ict") == "ict, ρ=0.1, Θ=6"
+    assert method_params(cfg, "frequent") == "ict, ρ=0.1, part=frequent"
+    assert method_params(cfg, "stapo") == "stapo, τ_p=0.002, q=0.75"
+    assert method_params(cfg, "random10") == "random, ρ=0.1, scope=batch"
+    assert method_params(cfg, "grpo") == "all"
+    # the ICT-gain table compares ICT's rule only: a reading in the main table is not an ICT row
+    raw["evaluate"]["main_methods"] = raw["experiment"]["methods"] = ["grpo", "jsd-token-id", "ict"]
+    table, _ = ict_gains(validate(raw, "test"), pl.DataFrame(), 4)
+    assert {r[0] for r in table.rows} == {"ICT"} and [r[1] for r in table.rows] == ["GRPO"]
+
+
+def test_test_config_labels(test_raw):
+    """config/test.yaml's methods have no labels: ICT's rule prints as ICT."""
+    cfg = validate(test_raw, "test.yaml")
+    assert method_label(cfg, "ict") == "ICT" and method_label(cfg, "grpo") == "grpo"
+    assert "main_total.md" in output_names(cfg)["tables"]
 
 
 def test_pass_at_k_curves_by_hand():
@@ -467,10 +569,10 @@ def test_base_gain_table_by_hand(default_raw):
     table, frame = base_gain_table(cfg, counts)
     body = {r[1]: r[2:] for r in table.rows}
     assert body["GRPO"] == ["+25.0 [+25.0, +25.0]", "+0.0 [+0.0, +0.0]", "+0.0 [+0.0, +0.0]", "+8.3"]
-    assert body["ICT (token_id, ours)"] == ["—", "-25.0 [-25.0, -25.0]", "—", "—"]
+    assert body["ICT"] == ["—", "-25.0 [-25.0, -25.0]", "—", "—"]
     assert body["STAPO"] == ["—", "—", "—", "—"]
     bold = {table.rows[i][1]: table.bold[i][2:] for i in range(len(table.rows))}
-    assert bold["GRPO"] == [True, False, False, False] and bold["ICT (token_id, ours)"][1]
+    assert bold["GRPO"] == [True, False, False, False] and bold["ICT"][1]
     assert table.rows[0][0] == "Tiny-S" and table.rows[1][0] == ""
     ict = frame.filter(pl.col("method") == "ict").row(0, named=True)
     assert (ict["bench"], ict["delta"], ict["n_problems"]) == ("arith-mid", pytest.approx(-25.0), 40)
@@ -483,9 +585,152 @@ def test_base_gains_in_the_rendered_tables(rendered):
     rows = md_rows((root / "tables" / "base_gains.md").read_text(), "Gain over the base model")
     # every model's samples are the same in the fixture: zero gain with a zero-width interval
     assert rows[0][:3] == ["Tiny-S", "GRPO", "+0.0 [+0.0, +0.0]"]
-    assert {r[1] for r in rows} >= {"GRPO", "20-Entropy", "STAPO", "ICT (token_id, ours)"}
+    assert {r[1] for r in rows} >= {"GRPO", "20-Entropy", "STAPO", "ICT"}
     stapo_m = [r for r in rows[len(rows) // 2:] if r[1] == "STAPO"][0]
     assert stapo_m[4:] == ["—", "—"]  # the missing evaluation (tiny-m, STAPO, hard), no average
     assert [r[0] for r in rows if r[0]] == ["Tiny-S", "Tiny-M"]
     assert "Gain over the base model" in (root / "tables" / "tables.md").read_text()
     assert "tab:base-gains" in (root / "tables" / "base_gains.tex").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Total (mean of pass@1 and pass@4), ours beside the reported ICT Table 1
+# ---------------------------------------------------------------------------------------------
+def paper_models() -> dict:
+    """config/paper.yaml's model sizes (its hub ids), read as they stand there."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    return {k: v for k, v in raw["models"].items() if k.startswith("qwen2.5-")}
+
+
+def total_config(default_raw):
+    raw = config(default_raw, ablations=False)
+    raw["models"]["qwen2.5-1.5b"] = paper_models()["qwen2.5-1.5b"]
+    raw["experiment"]["sizes"] = ["tiny-s", "qwen2.5-1.5b"]
+    raw["experiment"]["benchmarks"] = ["arith-easy", "arith-mid"]
+    return validate(raw, "test")
+
+
+def total_metrics():
+    """pass@1 / pass@4 per benchmark (easy, mid); 20-Entropy of qwen2.5-1.5b and STAPO of every
+    size have no evaluations."""
+    cells = {  # (size, method): ((p1 easy, p1 mid), (p4 easy, p4 mid))
+        ("tiny-s", "base"): ((0.00, 0.10), (0.10, 0.30)),
+        ("tiny-s", "grpo"): ((0.10, 0.30), (0.40, 0.60)),
+        ("tiny-s", "entropy20"): ((0.20, 0.20), (0.50, 0.50)),
+        ("tiny-s", "ict"): ((0.25, 0.35), (0.60, 0.80)),
+        ("qwen2.5-1.5b", "base"): ((0.50, 0.70), (0.75, 0.85)),
+        ("qwen2.5-1.5b", "grpo"): ((0.60, 0.80), (0.80, 0.90)),
+        ("qwen2.5-1.5b", "ict"): ((0.70, 0.90), (0.90, 1.00)),
+    }
+    rows = []
+    for (size, method), by_k in cells.items():
+        for k, values in zip((1, 4), by_k, strict=True):
+            for bench, v in zip(("arith-easy", "arith-mid"), values, strict=True):
+                rows.append({"size": size, "method": method, "seed": 0, "bench": bench,
+                             "metric": f"pass@{k}", "value": v, "ci_low": None, "ci_high": None,
+                             "source": f"{size}/{method}/{bench}/metrics.parquet"})
+    return pl.DataFrame(rows, schema_overrides={"ci_low": pl.Float64, "ci_high": pl.Float64})
+
+
+OURS = slice(2, 5)  # P@1 (ours), P@4 (ours), Total (ours)
+REPORTED = slice(5, 9)  # the reported block
+
+
+def test_main_total_by_hand(default_raw):
+    cfg = total_config(default_raw)
+    table, frame = main_total_table(cfg, total_metrics())
+    assert table.columns == ["Size", "Method", "P@1 (ours)", "P@4 (ours)", "Total (ours)",
+                             TABLE1_LABEL, "P@1 (rep.)", "P@4 (rep.)", "Total (rep.)"]
+    assert TABLE1_LABEL == "reported (summaries of ICT Table 1)"
+    rows = [[c for c in r] for r in table.rows]
+    assert [r[0] for r in rows] == ["Tiny-S", "", "", "", "", "Qwen2.5-1.5B", "", "", "", ""]
+    assert [r[1] for r in rows[:5]] == ["Base model", "GRPO", "20-Entropy", "STAPO", "ICT"]
+    ours = {(r[0] or size, r[1]): r[OURS] for r, size in
+            zip(rows, ["Tiny-S"] * 5 + ["Qwen2.5-1.5B"] * 5, strict=True)}
+    # P@1 = mean over the two benchmarks, P@4 likewise, Total = (P@1 + P@4) / 2
+    assert ours["Tiny-S", "Base model"] == ["5.0", "20.0", "12.5"]
+    assert ours["Tiny-S", "GRPO"] == ["20.0", "50.0", "35.0"]
+    assert ours["Tiny-S", "20-Entropy"] == ["20.0", "50.0", "35.0"]
+    assert ours["Tiny-S", "ICT"] == ["30.0", "70.0", "50.0"]
+    assert ours["Tiny-S", "STAPO"] == ["—", "—", "—"]
+    assert ours["Qwen2.5-1.5B", "Base model"] == ["60.0", "80.0", "70.0"]
+    assert ours["Qwen2.5-1.5B", "ICT"] == ["80.0", "95.0", "87.5"]
+    assert ours["Qwen2.5-1.5B", "20-Entropy"] == ["—", "—", "—"]
+    # bold: the best of ours per size (ICT), never a reported cell
+    assert table.bold[4][OURS] == [True, True, True] and not any(table.bold[4][REPORTED])
+    # the tiny default models map to no paper size: "—" in every reported cell
+    for r in rows[:5]:
+        assert r[REPORTED] == ["—"] * 4
+    # qwen2.5-1.5b: Qwen2.5-1.5B's rows of Table 1, as printed (two decimals)
+    for r, row_name in zip(rows[5:], ["Base", "GRPO", "20-Entropy", "STAPO", "ICT"], strict=True):
+        rep = reported.TABLE1["1.5B", row_name]
+        assert r[REPORTED] == [f"Qwen2.5-1.5B, {row_name}", f"{rep.p1:.2f}", f"{rep.p4:.2f}",
+                               f"{rep.total:.2f}"]
+    assert rows[5][REPORTED][1:] == ["16.41", "31.80", "24.11"]  # the formatting, by hand once
+    # STAPO and 20-Entropy of qwen2.5-1.5b: no evaluation of ours, the reported numbers still beside
+    assert rows[7][OURS] == ["—", "—", "—"] and rows[7][REPORTED][0] == "Qwen2.5-1.5B, 20-Entropy"
+    # the CSV keeps ours and the reported numbers in separate, named columns
+    row = frame.filter((pl.col("size") == "qwen2.5-1.5b") & (pl.col("method") == "ict")).row(0, named=True)
+    assert (row["pass1_avg"], row["pass4_avg"], row["total"]) == pytest.approx((80.0, 95.0, 87.5))
+    rep = reported.TABLE1["1.5B", "ICT"]
+    assert (row["reported_p1"], row["reported_p4"], row["reported_total"]) == (rep.p1, rep.p4, rep.total)
+    assert row["reported_size"] == "Qwen2.5-1.5B" and row["reported_row"] == "ICT"
+    assert row["sources"].split(";") == ["qwen2.5-1.5b/ict/arith-easy/metrics.parquet",
+                                         "qwen2.5-1.5b/ict/arith-mid/metrics.parquet"] * 2
+    empty = frame.filter((pl.col("size") == "qwen2.5-1.5b") & (pl.col("method") == "entropy20"))
+    assert empty.row(0, named=True)["total"] is None
+    assert frame.filter(pl.col("size") == "tiny-s")["reported_p1"].null_count() == 5
+
+
+def test_no_reported_number_in_our_cells(default_raw):
+    """With no evaluations every one of our cells is '—' though the reported cells are filled;
+    with evaluations ours are the hand-computed numbers above, whatever the reported ones are."""
+    cfg = total_config(default_raw)
+    table, frame = main_total_table(cfg, pl.DataFrame())
+    assert all(r[OURS] == ["—"] * 3 for r in table.rows)
+    assert frame["pass1_avg"].null_count() == frame["total"].null_count() == frame.height == 10
+    assert sum(r[REPORTED] != ["—"] * 4 for r in table.rows) == 5
+    printed = {f"{v:.{d}f}" for rep in [*reported.TABLE1.values(), *reported.RATIO_ABLATION.values()]
+               for v in (rep.p1, rep.p4, rep.total) if v is not None for d in (1, 2)}
+    filled, _ = main_total_table(cfg, total_metrics())
+    for row in filled.rows:
+        assert not set(row[OURS]) & printed, row
+    text = render.markdown(filled)
+    assert "never in them" in text and "The paper's benchmarks, training data" in text
+    assert "Ours: pass@1 and pass@4 in %, each the unweighted mean over our benchmarks (Easy, Mid)" in text
+
+
+def test_paper_sizes_of_hub_models(default_raw):
+    raw = config(default_raw, ablations=False)
+    raw["models"].update(paper_models())
+    hub = lambda model_id: {"source": "hub", "hub": {"model_id": model_id}}  # noqa: E731
+    raw["models"].update({
+        "big": hub("Qwen/Qwen2.5-7B-Instruct"),  # the model id names the size
+        "qwen2.5-0.5b-local": hub("/models/ckpt"),  # else the size key
+        "other": hub("org/Model-17B"), "mixed": hub("org/a-0.5b-and-7b"), "plain": hub("org/m"),
+    })
+    raw["models"]["tiny-7b"] = copy.deepcopy(raw["models"]["tiny-s"])  # a scratch model: none
+    cfg = validate(raw, "test")
+    assert {s: paper_size(cfg, s) for s in paper_models()} == {
+        "qwen2.5-0.5b": "0.5B", "qwen2.5-1.5b": "1.5B", "qwen2.5-7b": "7B"}
+    assert paper_size(cfg, "big") == "7B" and paper_size(cfg, "qwen2.5-0.5b-local") == "0.5B"
+    for size in ("other", "mixed", "plain", "tiny-7b", "tiny-s", "tiny-m"):
+        assert paper_size(cfg, size) is None, size
+
+
+def test_main_total_in_the_rendered_tables(rendered):
+    root, cfg = rendered
+    text = (root / "tables" / "main_total.md").read_text()
+    rows = md_rows(text, "Main results: pass@1, pass@4 and Total")
+    assert len(rows) == 10 and [r[1] for r in rows[:5]] == ["Base model", "GRPO", "20-Entropy", "STAPO", "ICT"]
+    # tiny-s GRPO: pass@4 (0.5 + 0.4 + 0.1) / 3, pass@1 half of it, Total their mean
+    assert rows[1][OURS] == ["16.7", "33.3", "25.0"]
+    assert all(r[REPORTED] == ["—"] * 4 for r in rows)  # tiny models: no paper size
+    assert rows[8][OURS] == ["—", "—", "—"]  # tiny-m STAPO misses a benchmark
+    assert (root / "tables" / "main_total.tex").read_text().count(r"\toprule") == 1
+    csv = pl.read_csv(root / "tables" / "main_total.csv")
+    assert csv.height == 10 and {"reported_p1", "reported_total", "sources"} <= set(csv.columns)
+    assert "Main results: pass@1, pass@4 and Total" in (root / "tables" / "tables.html").read_text()
+    assert "main_total.md" in output_names(cfg)["tables"]
