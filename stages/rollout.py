@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import polars as pl
+
 import pyarrow as pa
 
 from . import cli
