@@ -21,11 +21,14 @@ Errors: an adapter raises :class:`AdapterError` with a short reason ("missing fi
 the loaders add where (``data/x.jsonl:17``, ``x.parquet: row 17`` or
 ``hub:openai/gsm8k/main/test: row index 16``) and the adapter's name. A record whose gold answer
 is present but empty raises :class:`EmptyAnswer`; the loaders skip those with a warning, because
-the canonical MATH train set has two problems whose solutions box nothing.
+the canonical MATH train set has two problems whose solutions box nothing. A record outside the
+subset an adapter stands for (another year of a multi-year AIME file) raises :class:`NotInSubset`;
+the loaders skip those silently and count them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -57,6 +60,10 @@ class AdapterError(ValueError):
 
 class EmptyAnswer(AdapterError):
     """The gold answer is present but empty; loaders skip such records with a warning."""
+
+
+class NotInSubset(AdapterError):
+    """The record is not part of the subset the adapter reads; loaders skip it and count it."""
 
 
 def register_adapter(name: str) -> Callable[[Adapter], Adapter]:
@@ -524,6 +531,32 @@ def aime(record: dict, index: int, fields: Mapping[str, str], source: str) -> Pr
     )
 
 
+AIMO_AIME_FIELDS: dict[str, Keys] = {**AIME_FIELDS, "url": "url"}
+_YEAR = re.compile(r"(?<!\d)(19|20)\d\d(?!\d)")
+
+
+def _aime_of_year(year: int):
+    """An AIME adapter that keeps one year of a multi-year file, by the year in the record's url."""
+
+    def adapter(record: dict, index: int, fields: Mapping[str, str], source: str) -> Problem:
+        f = _Fields(record, fields, AIMO_AIME_FIELDS)
+        url = f.text("url")
+        years = {int(m.group()) for m in _YEAR.finditer(url)}
+        if not years:
+            raise AdapterError(f"no year in field {f.key('url')!r}: {url!r}")
+        if year not in years:
+            raise NotInSubset(f"AIME {sorted(years)}, not {year}")
+        return aime(record, index, {k: v for k, v in fields.items() if k != "url"}, source)
+
+    adapter.__doc__ = (f"AIME {year} from AI-MO/aimo-validation-aime (AIME 2022-2024, 90 rows: "
+                       f"id, problem, solution, answer, url): the rows whose url names {year}; "
+                       "gold as for `aime`.")
+    return adapter
+
+
+register_adapter("aimo_aime2023")(_aime_of_year(2023))
+
+
 AMC_FIELDS: dict[str, Keys] = {"question": ("problem", "question"), "answer": "answer", "id": "id"}
 
 
@@ -591,6 +624,63 @@ def mmlu(record: dict, index: int, fields: Mapping[str, str], source: str) -> Pr
         answer=_indexed_choice(f.get("answer"), len(choices), f.key("answer")),
         answer_type="choice",
         choices=choices,
+        subject=None if subject is None else str(subject),
+    )
+
+
+GPQA_FIELDS: dict[str, Keys] = {
+    "question": "Question",
+    "answer": "Correct Answer",
+    "incorrect_1": "Incorrect Answer 1",
+    "incorrect_2": "Incorrect Answer 2",
+    "incorrect_3": "Incorrect Answer 3",
+    "solution": "Explanation",
+    "subject": "High-level domain",
+    "id": "Record ID",
+}
+GPQA_SHUFFLE_SEED = 0
+"""Seed of GPQA's option order (ours: the paper does not give its order)."""
+
+
+def option_order(problem_id: str, n: int, seed: int = GPQA_SHUFFLE_SEED) -> list[int]:
+    """A fixed shuffle of options 0..n-1 for one problem: sorted by sha256("seed:id:k").
+
+    It depends on the problem id and the seed only (not on the file's order or the Python
+    version), so every run, rank and machine letters a record's options the same way.
+    """
+    def key(k: int) -> str:
+        return hashlib.sha256(f"{seed}:{problem_id}:{k}".encode()).hexdigest()
+
+    return sorted(range(n), key=key)
+
+
+@register_adapter("gpqa")
+def gpqa(record: dict, index: int, fields: Mapping[str, str], source: str) -> Problem:
+    """GPQA (Idavidrein/gpqa): the correct answer and three incorrect ones, shuffled per record.
+
+    The record keeps the correct answer in a column of its own, so the four options (correct
+    first, then incorrect 1-3) are put in the order of :func:`option_order` (by the record's
+    `Record ID`, else its position) and the gold is the letter the correct answer lands on.
+    """
+    f = _Fields(record, fields, GPQA_FIELDS)
+    problem_id = f.problem_id(index)
+    correct = f.get("answer")
+    if not isinstance(correct, str):
+        raise AdapterError(f"field {f.key('answer')!r} must be a string, got {type(correct).__name__}")
+    correct = _nonempty(correct.strip(), f.key("answer"))
+    options = [correct] + [f.text(f"incorrect_{i}") for i in (1, 2, 3)]
+    if correct in options[1:]:
+        raise AdapterError(f"field {f.key('answer')!r} repeats an incorrect answer: {correct!r}")
+    order = option_order(problem_id, len(options))
+    subject = f.get("subject", required=False)
+    return Problem(
+        problem_id=problem_id,
+        source=source,
+        question=f.text("question"),
+        answer=LETTERS[order.index(0)],
+        answer_type="choice",
+        choices=[options[k] for k in order],
+        solution=f.text("solution", required=False),
         subject=None if subject is None else str(subject),
     )
 
@@ -783,12 +873,15 @@ def normalise(
     problems: list[Problem] = []
     first_seen: dict[str, str] = {}
     empty: list[str] = []
-    outside = 0
+    outside = excluded = 0
     for index, (where, record) in enumerate(rows):
         try:
             problem = adapt(record, index, fields, source)
         except EmptyAnswer:
             empty.append(where)
+            continue
+        except NotInSubset:
+            excluded += 1
             continue
         except ValueError as err:  # AdapterError, or Problem's own checks
             raise AdapterError(f"{where}: {err} (adapter {adapter!r})") from None
@@ -809,12 +902,13 @@ def normalise(
         )
     if not problems:
         raise AdapterError(
-            f"{label}: no problems left of {len(first_seen) + len(empty)} records "
-            f"({len(empty)} with an empty answer, {outside} outside levels {levels})"
+            f"{label}: no problems left of {len(first_seen) + len(empty) + excluded} records "
+            f"({len(empty)} with an empty answer, {outside} outside levels {levels}, "
+            f"{excluded} outside the adapter's subset)"
         )
     kept = problems[:limit] if limit is not None else problems
-    logger.info("%s: %d problems (%d outside levels, %d empty answers)",
-                label, len(kept), outside, len(empty))
+    logger.info("%s: %d problems (%d outside levels, %d empty answers, %d outside the subset)",
+                label, len(kept), outside, len(empty), excluded)
     return kept
 
 
