@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 
 from tests.conftest import ROOT, write_yaml
 
@@ -50,18 +51,50 @@ def test_dry_run_default(tmp_path):
     assert counts["prepare_data"] == 5 and counts["base_model"] == 2
 
 
-def test_dry_run_paper_lists_the_grid_offline(tmp_path):
-    env_offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    os.environ.update(env_offline)
-    proc = snakemake("-n", "--configfile", str(ROOT / "config" / "paper.yaml"), cwd=tmp_path)
+PAPER_BENCHMARKS = ["math500", "gsm8k", "mmlu-stem", "gpqa", "aime23", "aime24", "aime25"]
+PAPER_SIZES = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"]
+PAPER_ABLATIONS = ["ict-rho0.2", "ict-rho0.3", "ict-frequent90", "random10-response",
+                   "ict-warmup10", "ict-warmup40", "jsd-token-id", "jsd-scope-position"]
+
+
+def paper_dry_run(config: Path, cwd: Path, monkeypatch) -> subprocess.CompletedProcess:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a dry run needs no network
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    proc = snakemake("-n", "--configfile", str(config), cwd=cwd)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def trained_methods(stdout: str) -> set[str]:
+    return set(re.findall(r"/train/size=[^/\s]+/method=([^/\s]+)/seed=\d+/model\.json", stdout))
+
+
+def test_dry_run_paper_lists_the_grid_offline(tmp_path, monkeypatch):
+    proc = paper_dry_run(ROOT / "config" / "paper.yaml", tmp_path, monkeypatch)
     counts = job_counts(proc.stdout)
-    assert counts["prepare_data"] == 8  # MATH L3-5 + seven benchmarks
+    assert counts["prepare_data"] == 9  # GSM8K train + MATH train + seven benchmarks
     assert counts["base_model"] == 3  # 0.5B, 1.5B, 7B
-    for size in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"):
+    assert counts["train"] == 3 * 4 * 5  # sizes x methods x seeds
+    assert counts["evaluate"] == 3 * (1 + 4) * 5 * 7  # sizes x (base + methods) x seeds x benchmarks
+    for size in PAPER_SIZES:
         assert f"size={size}/base.json" in proc.stdout
+    benches = set(re.findall(r"/bench=([^/\s]+)/metrics\.parquet", proc.stdout))
+    assert benches == set(PAPER_BENCHMARKS)
+    data = set(re.findall(r"/data/dataset=([^/\s]+)/problems\.parquet", proc.stdout))
+    assert data == {*PAPER_BENCHMARKS, "gsm8k-train", "math-train"}
+    assert trained_methods(proc.stdout) == {"grpo", "entropy20", "stapo", "ict"}
     # the default config is not merged into the paper's: no tiny models appear
     assert "tiny-s" not in proc.stdout
+
+
+def test_dry_run_paper_with_the_ablation_presets(tmp_path, monkeypatch):
+    raw = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    raw["experiment"]["methods"] += PAPER_ABLATIONS
+    proc = paper_dry_run(write_yaml(tmp_path / "ablations.yaml", raw), tmp_path, monkeypatch)
+    counts = job_counts(proc.stdout)
+    assert counts["train"] == 3 * (4 + len(PAPER_ABLATIONS)) * 5
+    assert counts["evaluate"] == 3 * (1 + 4 + len(PAPER_ABLATIONS)) * 5 * 7
+    assert trained_methods(proc.stdout) == {"grpo", "entropy20", "stapo", "ict", *PAPER_ABLATIONS}
 
 
 @pytest.mark.parametrize(
