@@ -314,6 +314,10 @@ class Train(Strict):
                 f"prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_batch_prompts"
                 f" ({self.mini_batch_prompts})"
             )
+        if self.dtype == "bfloat16" and self.zero_stage == 0:
+            raise ValueError(
+                "zero_stage: bfloat16 training needs ZeRO stage 1 or 2: only there does DeepSpeed "
+                "accumulate and reduce the gradients of bf16 parameters in float32")
         if self.overlong_buffer is not None and self.overlong_buffer > self.max_response_tokens:
             raise ValueError("overlong_buffer must not exceed max_response_tokens")
         return self

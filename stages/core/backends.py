@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .generation import Sample, sample_hf
+from .generation import Sample, per_prompt, sample_hf, stop_token_ids
 from .modeling import load_model_and_tokenizer, load_reference
 
 
@@ -47,14 +47,27 @@ def vllm_source(model_ref: str | Path) -> tuple[str, str | None]:
     return (ref["path"], None) if ref["kind"] == "scratch" else (ref["model_id"], ref["revision"])
 
 
+def prompt_seed(seed: int, index: int) -> int:
+    """The sampling seed of prompt `index` of a call seeded with `seed` (31 bits)."""
+    return (seed * 1_000_003 + index) % (1 << 31)
+
+
 def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, seed: int, use_tqdm: bool = True) -> list[Sample]:
+                max_new_tokens: int | list[int], seed: int, use_tqdm: bool = True) -> list[Sample]:
     """`n` responses to every prompt from a vLLM engine, as `hf`'s :class:`Sample` rows, ordered
-    by (prompt, sample). The rollout, evaluation and training stages all sample vLLM here."""
+    by (prompt, sample). The rollout, evaluation and training stages all sample vLLM here.
+
+    Each prompt has its own SamplingParams: its own seed (prompt_seed), so a prompt's responses
+    do not depend on which other prompts share the call, and its own limit (one or one per
+    prompt); responses stop at end-of-text and at the chat template's end-of-turn token."""
     from vllm import SamplingParams  # optional extra: imported only here
 
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                            seed=seed, skip_special_tokens=True)
+    limits = per_prompt(max_new_tokens, len(prompts))
+    stops = stop_token_ids(tokenizer)
+    params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=limits[i],
+                             seed=prompt_seed(seed, i), stop_token_ids=stops,
+                             skip_special_tokens=True)
+              for i in range(len(prompts))]
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=use_tqdm)
     samples = []

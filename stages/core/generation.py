@@ -7,6 +7,7 @@ tokens on CPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,34 @@ class Sample:
     finish_reason: str  # "stop" (eos sampled) or "length" (max_new_tokens reached)
 
 
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+"""End-of-turn tokens of the chat formats we know (ChatML, Llama 3, Gemma)."""
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """The ids a response stops at: end-of-text first, then the chat template's end-of-turn
+    token when the tokenizer has a chat template that uses one (Qwen2.5 base models write
+    `<|im_end|>` after a ChatML prompt; a tokenizer without a template stops at eos only)."""
+    stops = [tokenizer.eos_token_id]
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for token in END_OF_TURN:
+        if token in template:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in stops:
+                stops.append(tid)
+    return stops
+
+
+def per_prompt(limit: int | Sequence[int], n_prompts: int) -> list[int]:
+    """One generation limit per prompt."""
+    if isinstance(limit, int):
+        return [limit] * n_prompts
+    limits = list(limit)
+    if len(limits) != n_prompts:
+        raise ValueError(f"{len(limits)} generation limits for {n_prompts} prompts")
+    return limits
+
+
 @torch.no_grad()
 def sample_hf(
     model,
@@ -33,14 +62,20 @@ def sample_hf(
     n: int,
     temperature: float,
     top_p: float,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     seed: int,
     batch_size: int,
     desc: str = "sampling",
 ) -> list[Sample]:
-    """`n` sampled responses for each prompt, ordered by (prompt, sample); temperature 0 is greedy."""
-    eos = tokenizer.eos_token_id
+    """`n` sampled responses for each prompt, ordered by (prompt, sample); temperature 0 is greedy.
+
+    max_new_tokens: one limit, or one per prompt (a batch generates up to its largest limit and
+    each response is cut at its own). A response ends at its first stop token
+    (:func:`stop_token_ids`: end-of-text and the chat template's end-of-turn), which it keeps."""
+    stops = stop_token_ids(tokenizer)
+    eos = stops[0]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    limits = per_prompt(max_new_tokens, len(prompts))
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
     device = next(model.parameters()).device
@@ -65,14 +100,15 @@ def sample_hf(
                 if temperature > 0
                 else {"do_sample": False}
             ),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos,
+            max_new_tokens=max(limits[i] for i, _ in batch),
+            eos_token_id=stops,
             pad_token_id=pad,
         )[:, width:].cpu()
         for r, (i, j) in enumerate(batch):
-            tokens = generated[r].tolist()
-            if eos in tokens:
-                tokens = tokens[: tokens.index(eos) + 1]
+            tokens = generated[r].tolist()[: limits[i]]
+            end = next((k for k, t in enumerate(tokens) if t in stops), None)
+            if end is not None:
+                tokens = tokens[: end + 1]
                 reason = "stop"
             else:
                 reason = "length"

@@ -64,10 +64,18 @@ def clipped_surrogate(
     return loss, clipped
 
 
+K3_LOG_RATIO_CLAMP = 20.0
+K3_CLAMP = 10.0
+
+
 def k3_kl(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
-    """k3 estimator of KL(π_θ ‖ π_ref) per token: e^{ref−logp} − (ref−logp) − 1 ≥ 0 (nats)."""
-    delta = ref_logprob - logprob
-    return torch.exp(delta) - delta - 1.0
+    """k3 estimator of KL(π_θ ‖ π_ref) per token: e^{δ} − δ − 1 ∈ [0, 10] (nats), δ = ref − logp.
+
+    Clamped as verl's low_var_kl: δ to [−20, 20] (e^δ cannot overflow) and the estimate to at
+    most 10, so one token whose probability collapsed under the policy cannot dominate the loss
+    (its gradient is then 0, like a clipped ratio's). Exactly 0 where logp = ref."""
+    delta = (ref_logprob - logprob).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    return (torch.exp(delta) - delta - 1.0).clamp(min=0.0, max=K3_CLAMP)
 
 
 def loss_weights(
@@ -114,12 +122,14 @@ def aggregate_loss(token_loss: Tensor, selected: Tensor, valid: Tensor, denomina
     return (torch.where(w != 0, token_loss, torch.zeros_like(token_loss)) * w).sum()
 
 
-def overlong_penalty(lengths: Tensor, max_length: int, buffer: int) -> Tensor:
+def overlong_penalty(lengths: Tensor, max_length: int | Tensor, buffer: int) -> Tensor:
     """DAPO's soft overlong penalty per response: min(−(L − (L_max − L_buf)) / L_buf, 0), ≥ −1.
 
-    0 up to L_max − L_buf tokens, then falling linearly to −1 at L_max (and beyond).
+    0 up to L_max − L_buf tokens, then falling linearly to −1 at L_max (and beyond). max_length
+    is one limit or one per response (datasets may have their own).
     """
-    if not 0 < buffer <= max_length:
+    limit = torch.as_tensor(max_length, dtype=torch.float64)
+    if not (buffer > 0 and bool((buffer <= limit).all())):
         raise ValueError(f"overlong buffer must lie in (0, max_length={max_length}], got {buffer}")
-    excess = lengths.to(torch.float64) - (max_length - buffer)
+    excess = lengths.to(torch.float64) - (limit - buffer)
     return torch.clamp(-excess / buffer, min=-1.0, max=0.0)

@@ -1,0 +1,159 @@
+"""Engine glue: the processes of a training job and DeepSpeed around the policy.
+
+:class:`Dist` is the data-parallel group (every collective is the identity for one process);
+:func:`resolve_launch` reads the launcher's environment and checks the GPUs the config asks for;
+:func:`build_engine` wraps the policy in DeepSpeed with a client torch AdamW. The vLLM engine that
+shares the GPU with training (weight sync, sleep and wake) is in stages.core.samplers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..config import Config, ConfigError, Train
+
+
+class Dist:
+    """The data-parallel ranks of this job; with one process every collective is the identity."""
+
+    def __init__(self, rank: int, world: int, device: torch.device) -> None:
+        self.rank, self.world, self.device = rank, world, device
+
+    def sum(self, t: Tensor) -> Tensor:
+        if self.world == 1:
+            return t
+        import torch.distributed as dist
+
+        buf = t.to(self.device).clone()
+        dist.all_reduce(buf)
+        return buf.to(t.device)
+
+    def min(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        buf = torch.tensor([value], dtype=torch.long, device=self.device)
+        dist.all_reduce(buf, op=dist.ReduceOp.MIN)
+        return int(buf.item())
+
+    def gather(self, t: Tensor) -> list[Tensor]:
+        """Every rank's 1-D tensor (lengths may differ), in rank order."""
+        if self.world == 1:
+            return [t]
+        import torch.distributed as dist
+
+        n = torch.tensor([t.numel()], dtype=torch.long, device=self.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world)]
+        dist.all_gather(sizes, n)
+        sizes = [int(s.item()) for s in sizes]
+        padded = torch.zeros(max(sizes), dtype=t.dtype, device=self.device)
+        padded[: t.numel()] = t.to(self.device)
+        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(parts, padded)
+        return [p[:k].to(t.device) for p, k in zip(parts, sizes, strict=True)]
+
+    def cat(self, t: Tensor) -> Tensor:
+        return torch.cat(self.gather(t))
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process sits: read from the launcher's environment (none: a group of one)."""
+
+    rank: int
+    world: int
+    local: int
+    device: torch.device
+    backend: str
+
+
+def resolve_launch(cfg: Config, size: str) -> Launch:
+    """This process's rank and device; checks the GPUs the config asks for before anything runs."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    gpus = cfg.models[size].gpus.train
+    if gpus == 0:
+        return Launch(rank, world, local, torch.device("cpu"), "gloo")
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < gpus:
+        raise ConfigError(
+            f"models.{size}.gpus.train: {gpus} GPUs requested but {visible} visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
+    if world != gpus:
+        raise ConfigError(
+            f"models.{size}.gpus.train: {gpus} GPUs requested but started as {world} process(es);"
+            f" launch with torchrun --nproc_per_node {gpus}"
+        )
+    return Launch(rank, world, local, torch.device("cuda", local), "nccl")
+
+
+def init_distributed(launch: Launch) -> Dist:
+    """Start (or join) the process group through DeepSpeed."""
+    if "RANK" not in os.environ:  # a plain `python -m stages.train`
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    os.environ.setdefault("DS_ACCELERATOR", launch.device.type)
+    if launch.device.type == "cuda":
+        torch.cuda.set_device(launch.device)
+    import deepspeed
+
+    if launch.device.type == "cpu":
+        # On its CPU accelerator DeepSpeed would probe every op with compiler subprocesses and
+        # JIT-compile a shared-memory all-reduce (minutes on 2 cores); gloo is all CPU ranks need.
+        # An explicit "not compatible" for every op is what it reads when no compiler exists.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__ = {}
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend=launch.backend, verbose=False)
+    return Dist(launch.rank, launch.world, launch.device)
+
+
+def build_engine(model, tcfg: Train, world: int):
+    """DeepSpeed around the policy with a client torch AdamW (DeepSpeed's own would JIT-compile)."""
+    import deepspeed
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(tcfg))
+    return engine
+
+
+def ds_config(tcfg: Train) -> dict:
+    """DeepSpeed's settings: one optimizer step per mini-batch (the trainer marks the boundary),
+    gradients accumulated and all-reduced in float32 even when the model is bf16 (DeepSpeed's
+    default would reduce them in the model's dtype, losing the small per-token terms)."""
+    return {
+        "train_micro_batch_size_per_gpu": tcfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": tcfg.grad_clip,
+        "zero_optimization": {"stage": tcfg.zero_stage},
+        "bf16": {"enabled": tcfg.dtype == "bfloat16"},
+        "data_types": {"grad_accum_dtype": "fp32"},
+        "communication_data_type": "fp32",
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }

@@ -1,0 +1,248 @@
+"""The one scorer: every log-prob and statistic the trainer uses, with one numerics (METHODS §2–§4).
+
+Old (sampling-policy), reference, current and selector-input values all come from here, so they
+agree bit for bit where they should:
+
+- the trunk (the model without its LM head) gives hidden states in the model's dtype (bf16 on
+  GPUs); the head is never run in that dtype: blocks of logits are computed from the hidden
+  states and head weight cast to float32 (stats._Source), and every reduction over the
+  vocabulary is float32 (float64 for float64 models);
+- :func:`head_logprob` is the head *with* gradient: a custom autograd function whose forward is
+  the statistics' own chunked code and whose backward recomputes each chunk of logits, so peak
+  memory is O(chunk_positions × chunk_vocab) whatever the number of selected tokens. It runs only
+  at the positions it is given (the selected ones): masked positions never enter the graph.
+- :func:`score_scope` scores every valid position of a scope without gradient: entropy, Rényi-2,
+  log-prob, and the deviations the selectors need (``jsd`` to the scope's mean distribution,
+  ``group_jsd``: ICT's u, to the group's mean at the same step), from the selector registry's
+  ``needs``.
+
+A scope is a list of sequences (prompt ids, response ids, group index); flat (N,) per-token
+tensors run over its response tokens in (sequence, position) order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .scoring import pack, trunk_and_head
+from .stats import (
+    CHUNK_POSITIONS,
+    CHUNK_VOCAB,
+    _compute_dtype,
+    chunked_token_statistics,
+    distribution_sum,
+    group_step_jsd,
+    jsd_to_mean,
+)
+
+AllReduce = Callable[[Tensor], Tensor]
+"""Sums a tensor over the ranks that share a scope (None: one process)."""
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Chunking of every head computation: positions × vocabulary entries per block of logits."""
+
+    positions: int = CHUNK_POSITIONS
+    vocab: int = CHUNK_VOCAB
+
+
+# ---------------------------------------------------------------------------------------------
+# The trunk
+# ---------------------------------------------------------------------------------------------
+def trunk_hidden(model, prompt_ids, response_ids, pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """(final hidden states (b, L, D) of prompt + response, flat index (N,) of the positions that
+    predict each response token into the b·L positions), with gradient if it is enabled."""
+    ids, attention, rows, cols = pack(prompt_ids, response_ids, pad_id)
+    trunk, _, _ = trunk_and_head(model)
+    out = trunk(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False)
+    hidden = out.last_hidden_state  # (b, L, D)
+    return hidden, (rows * ids.shape[1] + cols).to(device)
+
+
+def response_rows(hidden: Tensor, flat: Tensor, pick: Tensor | None = None) -> Tensor:
+    """Hidden states (n, D) predicting the response tokens `pick` (indices into flat; all: None)."""
+    rows = flat if pick is None else flat[pick.to(flat.device)]
+    return hidden.flatten(0, 1)[rows]
+
+
+def micro_batches(total_lengths: Sequence[int], max_sequences: int,
+                  max_tokens: int | None = None) -> list[range]:
+    """Consecutive sequences per forward: at most max_sequences, and while
+    sequences × longest (prompt + response) stays within max_tokens (a sequence longer than the
+    budget goes alone)."""
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(total_lengths):
+        wider = max(longest, n)
+        full = i - start >= max_sequences or (
+            max_tokens is not None and i > start and wider * (i - start + 1) > max_tokens)
+        if full:
+            out.append(range(start, i))
+            start, wider = i, n
+        longest = wider
+    if start < len(total_lengths):
+        out.append(range(start, len(total_lengths)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The head with gradient
+# ---------------------------------------------------------------------------------------------
+class _ChunkedHeadLogprob(torch.autograd.Function):
+    """log p(token) = z_token − logsumexp(z), z = (h · Wᵀ + b) / T, forward and backward in chunks.
+
+    Forward: the statistics' own block code (same numerics as every other log-prob here).
+    Backward: ∂/∂z = g (onehot − p) / T per block, recomputed from h, W and the saved
+    logsumexp; ∂h = Σ_blocks ∂z · W, ∂W = Σ_blocks ∂zᵀ · h, ∂b = Σ ∂z, accumulated in the
+    compute dtype and returned in the inputs' dtypes.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, temperature, chunk_positions, chunk_vocab):
+        stats = chunked_token_statistics(hidden, weight, ids, temperature, head_bias=bias,
+                                         chunk_positions=chunk_positions,
+                                         chunk_vocab=chunk_vocab, jsd=False)
+        ctx.save_for_backward(hidden, weight, bias, ids, stats["logsumexp"])
+        ctx.config = (temperature, chunk_positions, chunk_vocab)
+        return stats["logprob"]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, ids, lse = ctx.saved_tensors
+        temperature, cp, cv = ctx.config
+        dtype = _compute_dtype(hidden, weight, bias)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        g = grad_out.to(dtype) / temperature  # (n,)
+        h = hidden.to(dtype)  # (n, D)
+        grad_h = torch.zeros_like(h) if need_h else None
+        # the weight's gradient in its own dtype; one vocabulary chunk at a time in `dtype`
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
+        inv_t = 1.0 / temperature
+        for c0 in range(0, vocab, cv):
+            c1 = min(c0 + cv, vocab)
+            w = weight[c0:c1].to(dtype)  # (v, D)
+            b = None if bias is None else bias[c0:c1].to(dtype)
+            acc_w = torch.zeros_like(w) if grad_w is not None else None
+            acc_b = torch.zeros(c1 - c0, dtype=dtype, device=w.device) if grad_b is not None else None
+            for a in range(0, n, cp):
+                e = min(a + cp, n)
+                z = torch.matmul(h[a:e] * inv_t, w.T)  # (m, v), as stats._Source.block
+                if b is not None:
+                    z += b * inv_t
+                dz = z.sub_(lse[a:e, None]).exp_().neg_()  # −p
+                local = ids[a:e] - c0
+                inside = ((local >= 0) & (local < c1 - c0)).nonzero().squeeze(1)
+                dz[inside, local[inside]] += 1.0  # onehot − p
+                dz.mul_(g[a:e, None])
+                if grad_h is not None:
+                    grad_h[a:e] += dz @ w
+                if acc_w is not None:
+                    acc_w += dz.T @ h[a:e]
+                if acc_b is not None:
+                    acc_b += dz.sum(dim=0)
+            if acc_w is not None:
+                grad_w[c0:c1] = acc_w
+            if acc_b is not None:
+                grad_b[c0:c1] = acc_b
+        return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, grad_b,
+                None, None, None, None)
+
+
+def head_logprob(head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, temperature: float,
+                 chunks: Chunks = Chunks()) -> Tensor:
+    """log p(token) (n,) in nats, with gradient, from hidden states (n, D) through `head`'s weight
+    and bias: p = softmax(head(h) / T) over the full vocabulary, reduced in float32 (float64 for
+    float64 inputs), memory O(chunk_positions × chunk_vocab) in the forward and the backward.
+    n = 0 is allowed (the head's gradient is then 0). Under no_grad this is the same computation
+    without a graph, so a reference or old log-prob of the same rows matches bit for bit."""
+    ids = token_ids.long().to(hidden.device)
+    if hidden.shape[0] == 0:
+        dtype = _compute_dtype(hidden, head.weight)
+        return (hidden.sum() * 0 + head.weight.sum() * 0).to(dtype).reshape(1)[:0]
+    return _ChunkedHeadLogprob.apply(hidden, head.weight, head.bias, ids, temperature,
+                                     chunks.positions, chunks.vocab)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring a scope without gradient
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Scope:
+    """Sequences scored together: prompt ids, response ids (non-empty) and a group per sequence."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    groups: list[int]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(r) for r in self.response_ids]
+
+    def token_ids(self) -> Tensor:
+        return torch.tensor([t for r in self.response_ids for t in r], dtype=torch.long)
+
+
+def group_step_keys(groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
+    """(N,) key of each response token: its group and its step, group-major (groups need not be
+    consecutive; keys only need to be equal for the same (group, step))."""
+    width = max(lengths) if lengths else 0
+    return torch.tensor([g * width + t for g, n in zip(groups, lengths, strict=True)
+                         for t in range(n)], dtype=torch.long)
+
+
+@torch.no_grad()
+def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=frozenset(), *,
+                device, max_sequences: int, max_tokens: int | None = None,
+                chunks: Chunks = Chunks(), all_reduce: AllReduce | None = None,
+                keep_hidden: bool = False) -> dict[str, Tensor]:
+    """Per-token statistics (N,) of a scope under `model`, float32 on the CPU (float64 models:
+    float64): always ``entropy``, ``renyi2``, ``logprob``; ``jsd`` (to the mean distribution of
+    the scope on every rank, all_reduce summing the V-sized pieces) and ``group_jsd`` (ICT's u;
+    the groups of a scope never span ranks in the trainer, so it needs no all_reduce) when
+    `needs` names them. Hidden states go to the CPU after each trunk pass when a deviation is
+    needed, so the device holds one micro-batch of them at a time."""
+    trunk_needs = {"jsd", "group_jsd"} & set(needs)
+    _, weight, bias = trunk_and_head(model)
+    out: dict[str, list[Tensor]] = {"entropy": [], "renyi2": [], "logprob": [], "logsumexp": []}
+    kept: list[Tensor] = []
+    ids = scope.token_ids()
+    totals = [len(p) + len(r) for p, r in zip(scope.prompt_ids, scope.response_ids, strict=True)]
+    starts = torch.tensor([0] + scope.lengths).cumsum(0).tolist()
+    for mb in micro_batches(totals, max_sequences, max_tokens):
+        hidden, flat = trunk_hidden(model, [scope.prompt_ids[i] for i in mb],
+                                    [scope.response_ids[i] for i in mb], pad_id, device)
+        rows = response_rows(hidden, flat)  # (n, D)
+        stats = chunked_token_statistics(rows, weight, ids[starts[mb.start]:starts[mb.stop]].to(device),
+                                         temperature, head_bias=bias, jsd=False,
+                                         chunk_positions=chunks.positions, chunk_vocab=chunks.vocab)
+        for key in out:
+            out[key].append(stats[key].cpu())
+        if trunk_needs or keep_hidden:
+            kept.append(rows.cpu())
+        del hidden, rows
+    result = {k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()}
+    if trunk_needs:
+        hv = torch.cat(kept)  # (N, D) on the CPU, moved to the head chunk by chunk
+        kw = {"head_bias": bias, "chunk_positions": chunks.positions, "chunk_vocab": chunks.vocab}
+        lse = result["logsumexp"].to(device)
+        if "jsd" in trunk_needs:
+            total, n = distribution_sum(hv, weight, temperature, logsumexp=lse, **kw)
+            total = total.double()
+            count = torch.tensor([float(n)], dtype=torch.float64, device=total.device)
+            if all_reduce is not None:  # float64 before the sum over ranks
+                total, count = all_reduce(total), all_reduce(count)
+            mean = total / count.clamp_min(1.0)
+            result["jsd"] = jsd_to_mean(hv, weight, mean, temperature, logsumexp=lse, **kw).cpu()
+        if "group_jsd" in trunk_needs:
+            keys = group_step_keys(scope.groups, scope.lengths)
+            result["group_jsd"] = group_step_jsd(hv, weight, keys, temperature, logsumexp=lse,
+                                                 **kw).cpu()
+    if keep_hidden:
+        result["hidden"] = torch.cat(kept) if kept else torch.zeros(0)
+    return result
