@@ -24,12 +24,12 @@ import yaml
 
 from stages import train
 from stages.config import ConfigError, validate
-from stages.core.io import ArtifactError
-from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
-from stages.core.modeling import build_scratch_model, build_tokenizer
 from stages.core import engine as engine_glue
 from stages.core import rollouts
 from stages.core.actor import actor_step, grid, micro_loss, valid_grid
+from stages.core.io import ArtifactError
+from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
+from stages.core.modeling import build_scratch_model, build_tokenizer
 from stages.core.problems import Problem, render_prompt
 from stages.core.scorer import (
     Chunks,
