@@ -24,12 +24,21 @@ def test_paper_config_has_the_reconstructed_setup():
     assert cfg.experiment.methods == ["grpo", "entropy20", "stapo", "ict"]
     assert len(cfg.experiment.benchmarks) == 7
     t, e = cfg.train, cfg.evaluate
-    assert (t.group_size, t.prompts_per_step, t.mini_batch_prompts) == (8, 128, 32)
-    assert (t.lr, t.warmup_steps, t.weight_decay, t.grad_clip) == (1e-6, 10, 0.1, 1.0)
-    assert (t.loss.eps_low, t.loss.eps_high, t.loss.kl_beta) == (0.2, 0.28, 0.0)
-    assert (t.temperature, t.top_p, t.max_response_tokens) == (1.0, 1.0, 4096)
-    assert (e.temperature, e.top_p, e.n, e.max_new_tokens, e.k) == (0.6, 0.95, 8, 4096, [1, 4])
-    assert cfg.datasets["math-l3to5"].source.levels == [3, 4, 5]
+    # METHODS §8: G 8, mini-batch 16, micro-batch 4, 2 PPO epochs, lr 1e-6 (7B 2e-6), T 0.6,
+    # KL 0.001, bf16, gradient checkpointing, 512 / 2,048 response tokens, 5 seeds
+    assert (t.group_size, t.prompts_per_step, t.mini_batch_prompts) == (8, 128, 16)
+    assert (t.micro_batch_size, t.ppo_epochs, t.dtype, t.gradient_checkpointing) == (4, 2, "bfloat16", True)
+    assert (t.lr, t.warmup_steps, t.weight_decay, t.grad_clip) == (1e-6, 0, 0.01, 1.0)
+    assert cfg.models["qwen2.5-7b"].lr == 2e-6 and cfg.models["qwen2.5-0.5b"].lr is None
+    assert (t.loss.eps_low, t.loss.eps_high, t.loss.kl_beta, t.loss.denominator) == (0.2, 0.2, 0.001, "sequence")
+    assert (t.temperature, t.top_p, t.max_response_tokens) == (0.6, 1.0, 2048)
+    assert cfg.experiment.train_datasets == ["gsm8k-train", "math-train"]
+    assert [cfg.datasets[d].max_response_tokens for d in cfg.experiment.train_datasets] == [512, 2048]
+    assert cfg.experiment.seeds == [0, 1, 2, 3, 4]
+    assert (e.temperature, e.top_p, e.n, e.max_new_tokens, e.k) == (0.6, 0.95, 8, 2048, [1, 4])
+    ict = cfg.methods["ict"]
+    assert (ict.selector, ict.selector_params()["variant"], ict.warmup_steps, ict.rescore) == ("ict", "paper", 20, False)
+    assert cfg.token_stats.dtype == "bfloat16"
 
 
 def errors_of(raw, source="cfg.yaml") -> str:
@@ -72,7 +81,7 @@ def test_out_of_range_value(default_raw):
         ("sizes", ["tiny-s", "huge"], "experiment.sizes.1: unknown name 'huge'"),
         ("benchmarks", ["aime99"], "experiment.benchmarks.0: unknown name 'aime99'"),
         ("benchmarks", ["rl"], "experiment.benchmarks.0: dataset 'rl' has role 'train'"),
-        ("train_dataset", "arith-easy", "experiment.train_dataset.0: dataset 'arith-easy' has role 'benchmark'"),
+        ("train_datasets", ["rl", "arith-easy"], "experiment.train_datasets.1: dataset 'arith-easy' has role 'benchmark'"),
     ],
 )
 def test_grid_references_must_resolve(default_raw, key, value, expect):
@@ -82,10 +91,63 @@ def test_grid_references_must_resolve(default_raw, key, value, expect):
 
 def test_selector_parameters_must_fit(default_raw):
     default_raw["methods"]["grpo"]["rho"] = 0.2
-    assert "methods.grpo: selector 'all' takes no ['rho']" in errors_of(default_raw)
+    assert "cfg.yaml: methods.grpo.rho: unknown key" in errors_of(default_raw)
     del default_raw["methods"]["grpo"]["rho"]
-    del default_raw["methods"]["ict"]["variant"]
-    assert "methods.ict: selector 'ict' needs ['variant']" in errors_of(default_raw)
+    for key, value in (("rho", 0.0), ("rho", 1.01), ("part", "middle")):
+        bad = copy.deepcopy(default_raw)
+        bad["methods"]["ict"][key] = value
+        assert f"cfg.yaml: methods.ict.{key}:" in errors_of(bad)
+    # unset parameters take the registered defaults (METHODS §3)
+    del default_raw["methods"]["ict"]["variant"], default_raw["methods"]["ict"]["rho"]
+    cfg = validate(default_raw, "cfg.yaml")
+    assert cfg.methods["ict"].selector_params() == {"rho": 0.1, "variant": "paper", "part": "unique"}
+    assert cfg.methods["ict"].needs() == {"group_jsd"}
+
+
+def test_warm_up_must_be_shorter_than_the_run(default_raw):
+    default_raw["methods"]["ict"]["warmup_steps"] = default_raw["train"]["steps"]
+    assert "cfg.yaml: methods.ict.warmup_steps: a dense warm-up of 60 steps" in errors_of(default_raw)
+    # a preset outside experiment.methods is not checked against this run's length
+    default_raw["methods"]["ict"]["warmup_steps"] = 6
+    default_raw["methods"]["ict-warmup12"]["warmup_steps"] = 100
+    validate(default_raw, "cfg.yaml")
+
+
+USER_SELECTOR = """
+import torch
+from pydantic import Field
+from stages.core.selectors import Params, SelectionInput, register_selector
+
+
+class SurpriseParams(Params):
+    threshold: float = Field(2.0, gt=0, description="nats")
+
+
+@register_selector("surprise", needs=("logprob",), params=SurpriseParams)
+def select_surprise(inp: SelectionInput, threshold: float = 2.0) -> torch.Tensor:
+    return inp.valid & (-inp.need("logprob") > threshold)
+"""
+
+
+def test_a_users_selector_module_is_one_file(default_raw, tmp_path):
+    from stages.core.selectors import SELECTORS
+
+    path = tmp_path / "my_selectors.py"
+    path.write_text(USER_SELECTOR)
+    default_raw["selector_modules"] = [str(path)]
+    default_raw["methods"]["surprise"] = {"selector": "surprise", "threshold": 3.0}
+    default_raw["experiment"]["methods"].append("surprise")
+    try:
+        cfg = validate(default_raw, "cfg.yaml")
+        assert cfg.methods["surprise"].needs() == {"logprob"}
+        assert cfg.methods["surprise"].selector_params() == {"threshold": 3.0}
+        validate(default_raw, "cfg.yaml")  # loading the config again imports nothing twice
+        default_raw["methods"]["surprise"]["threshold"] = -1.0
+        assert "cfg.yaml: methods.surprise.threshold:" in errors_of(default_raw)
+    finally:
+        SELECTORS.pop("surprise", None)
+    default_raw["selector_modules"] = [str(tmp_path / "missing.py")]
+    assert "cfg.yaml: selector_modules.0: cannot import" in errors_of(default_raw)
 
 
 def test_unknown_selector_and_variant(default_raw):

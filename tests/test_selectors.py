@@ -14,7 +14,7 @@ from stages.core.selectors import (
     select_tokens,
     top_k_first,
 )
-from stages.core.stats import id_mean_scores, id_sums, token_statistics
+from stages.core.stats import token_statistics
 
 F, T = False, True
 
@@ -39,7 +39,6 @@ def entropy_input(valid=VALID):
         (0.2, [[F, T, F, F], [F, F, F, F]]),  # k = 1: tie 2.0 / 2.0 goes to the earlier position
         (0.4, [[F, T, F, F], [F, T, F, F]]),  # k = 2
         (0.5, [[F, T, F, F], [T, T, F, F]]),  # k = ceil(2.5) = 3
-        (0.0, [[F, F, F, F], [F, F, F, F]]),
         (1.0, [[T, T, T, F], [T, T, F, F]]),
     ],
 )
@@ -93,7 +92,26 @@ def test_random_counts_seeds_and_stays_valid():
     hits = sum(select_tokens("random", inp, rho=0.1, seed=s).long() for s in range(200))
     assert (hits[valid] > 0).all() and (hits[~valid] == 0).all()  # every valid token reachable
     assert select_tokens("random", inp, rho=1.0).tolist() == valid.tolist()
-    assert not select_tokens("random", inp, rho=0.0).any()
+
+
+def test_random_per_response_draws_ceil_rho_of_each_response():
+    valid = torch.rand(6, 50, generator=torch.Generator().manual_seed(1)) > 0.3
+    valid[2] = False  # an empty response draws nothing
+    inp = SelectionInput(valid=valid)
+    got = select_tokens("random", inp, rho=0.1, scope="response", seed=2)
+    assert got.sum(dim=1).tolist() == [count(0.1, int(n)) for n in valid.sum(dim=1)]
+    assert not (got & ~valid).any()
+    assert not torch.equal(got, select_tokens("random", inp, rho=0.1, scope="response", seed=3))
+
+
+def test_parameters_are_validated_against_the_selector_model():
+    from pydantic import ValidationError
+
+    for params in ({"rho": 0.0}, {"rho": 1.5}, {"rho": 0.2, "bogus": 1}):
+        with pytest.raises(ValidationError):
+            select_tokens("entropy_top", entropy_input(), **params)
+    with pytest.raises(ValidationError):
+        select_tokens("ict", ict_input(), variant="pooled")
 
 
 # STAPO scope: response 0 has Â = 1 > 0, response 1 has Â = -1; τ_p = 0.1.
@@ -164,19 +182,10 @@ def ict_input(**kw):
         (0.5, [[T, F, T, F], [F, T, T, F]]),  # ids 3, 5
         (0.75, [[T, T, T, F], [T, T, T, F]]),  # ids 3, 5, 7
         (1.0, [[T, T, T, T], [T, T, T, F]]),
-        (0.0, [[F, F, F, F], [F, F, F, F]]),
     ],
 )
-def test_ict_token_id(rho, expected):
-    assert select_tokens("ict", ict_input(), rho=rho).tolist() == expected
+def test_jsd_token_id_reading(rho, expected):
     assert select_tokens("ict", ict_input(), rho=rho, variant="token_id").tolist() == expected
-
-
-def test_ict_token_id_from_all_reduced_sums_equals_local():
-    sums, counts = id_sums(ICT_IDS, ICT_JSD, ICT_VALID, vocab_size=12)
-    inp = ict_input(id_scores=id_mean_scores(sums, counts))
-    for rho in (0.25, 0.5, 0.75):
-        assert torch.equal(select_tokens("ict", inp, rho=rho), select_tokens("ict", ict_input(), rho=rho))
 
 
 @pytest.mark.parametrize(
@@ -188,32 +197,64 @@ def test_ict_token_id_from_all_reduced_sums_equals_local():
         (0.5, [[T, T, T, F], [F, T, F, F]]),  # k = 4: ... then 0.25 tie -> earliest (0, 0)
     ],
 )
-def test_ict_position(rho, expected):
-    assert select_tokens("ict", ict_input(), rho=rho, variant="position").tolist() == expected
+def test_jsd_scope_position_reading(rho, expected):
+    assert select_tokens("ict", ict_input(), rho=rho, variant="scope_position").tolist() == expected
 
 
-def test_ict_pooled_uses_id_scores():
-    scores = (torch.tensor([3, 5, 7, 9]), torch.tensor([0.1, 0.4, 0.2, 0.3]))
-    got = select_tokens("ict", ict_input(id_scores=scores), rho=0.5, variant="pooled")
-    assert got.tolist() == [[T, F, T, T], [F, F, F, F]]  # ids 5 and 9
-    with pytest.raises(ValueError, match="id_scores"):
-        select_tokens("ict", ict_input(), rho=0.5, variant="pooled")
-    with pytest.raises(ValueError, match="variant"):
-        select_tokens("ict", ict_input(), rho=0.5, variant="bogus")
+# ICT's rule: u per position (the group-step JSD); per response the top ceil(ρ·T_i) positions.
+# Row 0: T = 4; row 1: T = 3 (padding holds the largest u); row 2: T = 10 with ties.
+PAPER_VALID = m([[1, 1, 1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0, 0, 0], [1] * 10])
+PAPER_U = torch.tensor([
+    [0.1, 0.4, 0.2, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9],
+    [0.0, 0.0, 0.5, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9],
+    [0.2, 0.6, 0.1, 0.6, 0.6, 0.0, 0.3, 0.3, 0.1, 0.05],
+])
+
+
+@pytest.mark.parametrize(
+    ("rho", "expected"),
+    [
+        # k = ceil(0.1 · T): 1, 1, 1 — row 2's three 0.6 ties go to the earliest (position 1)
+        (0.1, [[1], [2], [1]]),
+        # k = 2, 1, 3: row 0 0.4, 0.3; row 2 the three 0.6
+        (0.3, [[1, 3], [2], [1, 3, 4]]),
+        # k = 2, 2, 5: row 1's second pick is a tie at 0.0 -> position 0; row 2 adds 0.3, 0.3
+        (0.5, [[1, 3], [0, 2], [1, 3, 4, 6, 7]]),
+        (1.0, [[0, 1, 2, 3], [0, 1, 2], list(range(10))]),
+    ],
+)
+def test_ict_paper_rule_is_per_response(rho, expected):
+    inp = SelectionInput(valid=PAPER_VALID, group_jsd=PAPER_U)
+    got = select_tokens("ict", inp, rho=rho)  # variant 'paper' is the default
+    assert [row.nonzero().squeeze(1).tolist() for row in got] == expected
+    frequent = select_tokens("ict", inp, rho=rho, part="frequent")
+    assert torch.equal(frequent, PAPER_VALID & ~got)  # the paper's "90%-frequent" control
+
+
+def test_ict_needs_follow_the_variant():
+    spec = SELECTORS["ict"]
+    assert spec.needs() == {"group_jsd"}
+    assert spec.needs(spec.validate({"variant": "token_id"})) == {"jsd", "token_ids"}
+    assert spec.needs(spec.validate({"variant": "scope_position"})) == {"jsd"}
+    assert SELECTORS["stapo"].needs() == {"entropy", "logprob", "advantages"}
+    assert SELECTORS["all"].needs() == set()
+    with pytest.raises(ValueError, match="needs 'group_jsd'"):
+        select_tokens("ict", SelectionInput(valid=PAPER_VALID))
+    with pytest.raises(ValueError, match="part"):
+        select_tokens("ict", ict_input(), variant="token_id", part="frequent")
 
 
 FULL = dict(
     valid=ICT_VALID, entropy=STAPO_H, logprob=STAPO_P.log(), jsd=ICT_JSD, token_ids=ICT_IDS,
-    advantages=torch.tensor([1.0, 2.0]),
-    id_scores=(torch.tensor([3, 5, 7, 9]), torch.tensor([0.1, 0.4, 0.2, 0.3])),
+    group_jsd=ICT_JSD.flip(1), advantages=torch.tensor([1.0, 2.0]),
 )
 CASES = [
     ("all", {}), ("entropy_top", {"rho": 0.3}), ("entropy_bottom", {"rho": 0.3}),
-    ("random", {"rho": 0.5, "seed": 1}), ("stapo", {"tau_p": 0.1, "q": 0.75}),
-    ("ict", {"rho": 0.5}), ("ict", {"rho": 0.3, "variant": "position"}),
-    ("ict", {"rho": 0.5, "variant": "pooled"}),
+    ("random", {"rho": 0.5, "seed": 1}), ("random", {"rho": 0.5, "scope": "response"}),
+    ("stapo", {"tau_p": 0.1, "q": 0.75}),
+    ("ict", {"rho": 0.5}), ("ict", {"rho": 0.5, "part": "frequent"}),
+    ("ict", {"rho": 0.5, "variant": "token_id"}), ("ict", {"rho": 0.3, "variant": "scope_position"}),
 ]
-
 
 @pytest.mark.parametrize(("name", "params"), CASES)
 def test_int_mask_selects_exactly_like_bool_mask(name, params):
@@ -247,6 +288,8 @@ def test_input_validation():
         select_tokens("nope", SelectionInput(valid=VALID))
     with pytest.raises(ValueError, match="already registered"):
         register_selector("all")(lambda inp: inp.valid)
+    with pytest.raises(ValueError, match="unknown inputs"):
+        register_selector("_bad", needs=("entropy", "vibes"))
 
 
 def test_misbehaving_selector_is_caught():
@@ -272,7 +315,7 @@ def test_selectors_on_statistics_of_real_logits():
     n = int(valid.sum())
     assert int(top.sum()) == count(0.2, n)
     assert s["entropy"][top].min() >= s["entropy"][inp.valid & ~top].max()
-    position = select_tokens("ict", inp, rho=0.25, variant="position")
+    position = select_tokens("ict", inp, rho=0.25, variant="scope_position")
     assert s["jsd"][position].min() >= s["jsd"][inp.valid & ~position].max()
-    token_id = select_tokens("ict", inp, rho=0.25)
+    token_id = select_tokens("ict", inp, rho=0.25, variant="token_id")
     assert len(ids[token_id].unique()) == count(0.25, len(ids[inp.valid].unique()))

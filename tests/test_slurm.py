@@ -494,11 +494,11 @@ def test_paper_dry_run_requests_each_sizes_gpus_and_the_sites_partition(tmp_path
         assert job["slurm_partition"] == ("gpu-part" if gpus else "cpu-part"), job
         assert job["qos"] == "high" and job["nodes"] == "1" and "tasks" not in job, job
         seen.add((rule, size, gpus))
-    # the paper's GPUs, as listed in the issue: one per job but for 7B's tensor parallelism
+    # rollouts: one GPU per job but for 7B's tensor parallelism; training: the paper's 4 GPUs
     for size, tp in [("qwen2.5-0.5b", 1), ("qwen2.5-1.5b", 1), ("qwen2.5-7b", 2)]:
         assert ("rollout", size, tp) in seen and ("token_stats", size, 1) in seen
     train = {size: gpus for rule, size, gpus in seen if rule == "train"}
-    assert train == {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 2, "qwen2.5-7b": 8}
+    assert train == {"qwen2.5-0.5b": 4, "qwen2.5-1.5b": 4, "qwen2.5-7b": 4}  # METHODS §8
     assert {rule for rule, _, _ in seen} >= {"prepare_data", "base_model", "evaluate", "tables"}
 
 

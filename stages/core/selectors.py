@@ -300,7 +300,7 @@ def per_token(valid: Tensor, advantages: Tensor) -> Tensor:
 
 class StapoParams(Params):
     tau_p: float = Field(0.002, gt=0, lt=1, description="probability threshold τ_p")
-    q: float = Field(0.75, gt=0, lt=1, description="entropy quantile of the candidates")
+    q: float = Field(0.75, ge=0, le=1, description="entropy quantile of the candidates")
 
 
 @register_selector("stapo", needs=("entropy", "logprob", "advantages"), params=StapoParams)
