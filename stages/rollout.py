@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 import polars as pl
-
 import pyarrow as pa
 
 from . import cli
