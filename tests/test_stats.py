@@ -18,12 +18,9 @@ from stages.core.stats import (
     LN2,
     chunked_token_statistics,
     distribution_sum,
-    id_mean_scores,
-    id_sums,
     jensen_shannon,
     jsd_to_mean,
     mean_distribution,
-    pooled_id_scores,
     token_statistics,
 )
 
@@ -135,32 +132,6 @@ def test_mean_distribution_and_jsd_to_mean_pieces():
     np.testing.assert_allclose(d.numpy(), expected, atol=1e-13)
 
 
-def test_pooled_id_scores_match_reference():
-    hidden, weight, bias, ids, mask = problem(n=20, v=11, seed=5)  # V small: ids repeat
-    p = softmax((hidden @ weight.T + bias).numpy() / 1.1, axis=-1)
-    m, i = mask.numpy(), ids.numpy()
-    mean = p[m].mean(0)
-    uniq = np.unique(i[m])
-    expected = [jensenshannon(p[m & (i == v)].mean(0), mean) ** 2 for v in uniq]
-    got_ids, got = pooled_id_scores(
-        hidden, weight, ids, torch.from_numpy(mean), 1.1, mask, bias,
-        chunk_positions=3, chunk_vocab=4,
-    )
-    np.testing.assert_array_equal(got_ids.numpy(), uniq)
-    np.testing.assert_allclose(got.numpy(), expected, atol=1e-13)
-
-
-def test_id_sums_hand_computed():
-    ids = torch.tensor([[2, 0, 2], [1, 2, 3]])
-    values = torch.tensor([[0.5, 9.0, 0.25], [1.0, 0.75, 4.0]])
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    sums, counts = id_sums(ids, values, mask, vocab_size=5)
-    assert sums.tolist() == [9.0, 1.0, 1.5, 0.0, 0.0]
-    assert counts.tolist() == [1, 1, 3, 0, 0]
-    uniq, scores = id_mean_scores(sums, counts)
-    assert uniq.tolist() == [0, 1, 2] and scores.tolist() == [9.0, 1.0, 0.5]
-
-
 def test_one_hot_and_uniform():
     one_hot = torch.tensor([[0.0, -math.inf, -math.inf], [1e4, 0.0, -5.0]])
     out = token_statistics(one_hot, 1.0, None, torch.tensor([0, 0]))
@@ -189,8 +160,6 @@ def test_all_padding_gives_zeros():
     out = chunked_token_statistics(hidden, weight, ids, 1.0, mask, bias, chunk_positions=4)
     assert all(out[k].tolist() == [0.0] * 6 for k in KEYS)
     assert mean_distribution(hidden, weight, 1.0, mask).abs().sum() == 0
-    uniq, scores = pooled_id_scores(hidden, weight, ids, torch.zeros(29), 1.0, mask)
-    assert uniq.numel() == 0 and scores.numel() == 0
 
 
 def test_int_mask_equals_bool_mask_and_masked_positions_are_zero():
