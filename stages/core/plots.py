@@ -59,43 +59,123 @@ def top_tokens(tables: dict[str, list[tuple[str, int]]], path: str | Path,
     save(fig, path)
 
 
-def token_page(samples: list[dict], path: str | Path, max_entropy: float, title: str) -> None:
-    """HTML page: each response's tokens shaded by entropy; marks show what each selector picks.
+LN2 = math.log(2)  # the largest uniqueness u of the ICT paper (nats): two equally likely sources
 
-    `samples`: dicts with `header` (str) and `tokens`: list of dicts with `text`, `entropy`,
-    and booleans `sel_entropy20`, `sel_stapo`, `sel_ict`.
-    """
-    style = """
+_TOKEN_STYLE = """
 body { font-family: sans-serif; margin: 2em; max-width: 70em; }
-.resp { font-family: monospace; white-space: pre-wrap; line-height: 2.1; margin-bottom: 1.5em; }
-.tok { padding: 1px 0; }
+.resp { font-family: monospace; white-space: pre-wrap; overflow-wrap: anywhere; line-height: 2.1;
+        margin: 0.3em 0 1.5em; }
+.tok { padding: 1px 0; background: var(--h); }
+body.show-u .resp .tok { background: var(--u, #e0e0e0); }
 .ict { outline: 2px solid #1565c0; }
 .ent { border-bottom: 3px solid #2e7d32; }
 .silenced { text-decoration: line-through; text-decoration-color: #c62828; }
-.legend span { margin-right: 1.5em; font-family: monospace; }
+.nl::before { content: "↵"; color: #9e9e9e; }
+.legend span, .legend label { margin-right: 1.5em; }
+.legend .tok { font-family: monospace; background: none; }
+.legend .scale { display: inline-block; width: 8em; height: 0.9em; vertical-align: middle;
+         border: 1px solid #999; margin: 0 0.3em; }
+.stats { font-size: 85%; color: #555; margin: 0; }
+h3 { margin-bottom: 0.2em; }
 """
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-           f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>",
-           "<p class='legend'>background: entropy (white = 0, red = "
-           f"{max_entropy:.2f} nats) · <span class='tok ict'>ICT pick</span>"
-           "<span class='tok ent'>20-Entropy pick</span>"
-           "<span class='tok silenced'>silenced by STAPO</span> · hover a token for its values</p>"]
-    for sample in samples:
-        out.append(f"<h3>{html.escape(sample['header'])}</h3><div class='resp'>")
-        for tok in sample["tokens"]:
-            shade = min(1.0, tok["entropy"] / max_entropy) if max_entropy > 0 else 0.0
-            g = int(255 * (1 - shade))
+
+# the page-wide switch between entropy and u shading (only on pages whose tokens carry u)
+_SHADE_SCRIPT = """<script>
+for (const r of document.querySelectorAll("input[name=shade]"))
+  r.addEventListener("change", () => document.body.classList.toggle("show-u", r.value === "u"));
+</script>"""
+
+
+def _shade(x: float, top: tuple[int, int, int]) -> str:
+    """The colour `x` (0..1) of the way from white to `top`."""
+    x = min(1.0, max(0.0, x))
+    return "rgb({},{},{})".format(*(round(255 - x * (255 - c)) for c in top))
+
+
+H_TOP = (255, 0, 0)  # entropy max_entropy: red
+U_TOP = (123, 87, 255)  # u = ln 2: violet, away from the red, green and blue of the marks
+
+
+def _ict_u(tok: dict, where: str) -> float | None:
+    """The token's ICT uniqueness u (nats) or None where it has none; out of [0, ln 2] is an error."""
+    u = tok.get("ict_u")
+    if u is None or math.isnan(u):
+        return None
+    if not -1e-6 <= u <= LN2 + 1e-6:
+        raise ValueError(f"{where}: ict_u = {u!r} is outside [0, ln 2] nats")
+    return float(u)
+
+
+def token_page(samples: list[dict], path: str | Path, max_entropy: float, title: str) -> None:
+    """HTML page: each response as running text, its tokens shaded by entropy; marks show what each
+    selector picks, and each token's tooltip its values.
+
+    `samples`: dicts with `header` (str) and `tokens`: list of dicts with `text`, `entropy` (nats),
+    optional `jsd` and `logprob`, booleans `sel_entropy20`, `sel_stapo` (False: STAPO silences the
+    token), `sel_ict`, and optional `ict_u`, the ICT paper's uniqueness score (nats, 0..ln 2; None
+    or NaN where unknown). When any token has `ict_u`, a switch shades by u instead of entropy.
+    Tokens are concatenated without separators, so their own spaces and newlines lay the text out.
+    """
+    has_u = any(tok.get("ict_u") is not None for s in samples for tok in s["tokens"])
+    head = html.escape(title)
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{head}</title>",
+           f"<style>{_TOKEN_STYLE}</style></head><body><h1>{head}</h1>",
+           "<div class='legend' id='legend'><p>background: entropy H, 0"
+           f"<span class='scale' style='background: linear-gradient(to right, white, {_shade(1, H_TOP)})'>"
+           f"</span>{max_entropy:.2f} nats"]
+    if has_u:
+        out.append(f" · or ICT uniqueness u, 0<span class='scale' style='background: linear-gradient("
+                   f"to right, white, {_shade(1, U_TOP)})'></span>ln 2 = {LN2:.3f} nats (grey: no u)")
+    out.append("</p><p><span class='tok ict'>ICT pick</span><span class='tok ent'>20-Entropy pick</span>"
+               "<span class='tok silenced'>silenced by STAPO</span><span class='tok nl'> newline</span>"
+               "· hover a token for its values</p>")
+    if has_u:
+        out.append("<p id='shade'>shade by: <label><input type='radio' name='shade' value='h' checked>"
+                   " entropy H</label><label><input type='radio' name='shade' value='u'>"
+                   " ICT uniqueness u</label></p>")
+    out.append("</div>")
+    for n, sample in enumerate(samples):
+        spans, us = [], []
+        for k, tok in enumerate(sample["tokens"]):
+            u = _ict_u(tok, f"sample {n} ({sample['header']!r}), token {k}")
             classes = ["tok"]
+            picks = []
             if tok["sel_ict"]:
                 classes.append("ict")
+                picks.append("ICT")
             if tok["sel_entropy20"]:
                 classes.append("ent")
+                picks.append("20-Entropy")
             if not tok["sel_stapo"]:
                 classes.append("silenced")
-            tip = f"H={tok['entropy']:.3f} JSD={tok.get('jsd', 0.0):.4f} logp={tok.get('logprob', 0.0):.3f}"
-            out.append(f"<span class='{' '.join(classes)}' style='background: rgb(255,{g},{g})'"
-                       f" title='{tip}'>{html.escape(tok['text'])}</span>")
-        out.append("</div>")
-    out.append("</body></html>")
+                picks.append("silenced by STAPO")
+            tip = [repr(tok["text"]),
+                   f"H = {tok['entropy']:.3f} nats, JSD = {tok.get('jsd', 0.0):.4f}, "
+                   f"log p = {tok.get('logprob', 0.0):.3f}"]
+            shading = f"--h: {_shade(tok['entropy'] / max_entropy if max_entropy > 0 else 0.0, H_TOP)}"
+            if u is not None:
+                us.append(u)
+                tip[1] += f", u = {u:.3f} nats"
+                shading += f"; --u: {_shade(u / LN2, U_TOP)}"
+            if picks:
+                tip.append(", ".join(picks))
+            text = html.escape(tok["text"]).replace("\n", "<span class='nl'></span>\n")
+            spans.append(f"<span class='{' '.join(classes)}' style='{shading}'"
+                         f" title='{html.escape(chr(10).join(tip))}'>{text}</span>")
+        toks = sample["tokens"]
+        stats = [f"{len(toks)} tokens"]
+        if toks:
+            stats.append(f"mean H {sum(t['entropy'] for t in toks) / len(toks):.3f} nats")
+        if us:
+            stats.append(f"mean u {sum(us) / len(us):.3f} nats ({len(us)} tokens with u)")
+        stats.append(f"ICT picks {sum(bool(t['sel_ict']) for t in toks)}, 20-Entropy "
+                     f"{sum(bool(t['sel_entropy20']) for t in toks)}, STAPO silences "
+                     f"{sum(not t['sel_stapo'] for t in toks)}")
+        # one line: a newline between the div and its first span would show under pre-wrap
+        out.append(f"<h3>{html.escape(sample['header'])}</h3><p class='stats'>{' · '.join(stats)}</p>"
+                   f"<div class='resp'>{''.join(spans)}</div>")
+    if has_u:
+        out.append(_SHADE_SCRIPT)
+    out.append("</body></html>\n")
     with atomic_path(path, ".html") as tmp:
         tmp.write_text("\n".join(out))
