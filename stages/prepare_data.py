@@ -28,6 +28,7 @@ def load_problems(cfg: Config, name: str) -> list[Problem]:
             max_mul=src.max_mul,
             split=src.split,
             source=f"generated:{name}",
+            style=src.style,
         )
     from .core import adapters  # imports datasets only when a real source is read
 

@@ -95,3 +95,36 @@ def test_a_corrupt_checkpoint_is_a_clear_error(saved, tmp_path):
     (tmp_path / "base.json").write_text(json.dumps({"kind": "scratch", "path": "ckpt"}))
     with pytest.raises(ArtifactError, match="base.json: cannot load the model"):
         load_model_and_tokenizer(tmp_path / "base.json")
+
+
+def test_find_gguf_without_importing_the_package(tmp_path, monkeypatch):
+    from stages.core.modeling import GgufNotFound, find_gguf
+
+    pkg = tmp_path / "standin_gguf_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('importing it is the bug')\n")
+    (pkg / "m.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path, dist, version = find_gguf("standin_gguf_pkg", "m.gguf")
+    assert path == pkg / "m.gguf" and dist == "standin_gguf_pkg" and version == "unknown"
+    with pytest.raises(GgufNotFound, match="no file 'x.gguf' in package") as err:
+        find_gguf("standin_gguf_pkg", "x.gguf")
+    assert err.value.field == "file"
+    with pytest.raises(GgufNotFound, match="no installed package 'no_such_pkg_ict'") as err:
+        find_gguf("no_such_pkg_ict", "m.gguf")
+    assert err.value.field == "package"
+
+
+def test_sha256_file_by_hand(tmp_path):
+    from stages.core.modeling import sha256_file
+
+    (tmp_path / "f").write_bytes(b"abc")
+    assert sha256_file(tmp_path / "f", block=2) == (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+
+
+def test_a_reference_may_say_where_its_folder_came_from(saved):
+    folder, _, _ = saved
+    ref = folder.parent / "gguf.json"
+    ref.write_text(json.dumps({"kind": "scratch", "path": "checkpoint", "origin": "gguf"}))
+    assert load_reference(ref)["path"] == str(folder.resolve())

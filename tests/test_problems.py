@@ -7,10 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stages.core.problems import (
+    WORD_TEMPLATES,
     Problem,
     generate_arithmetic,
+    generate_word_problems,
     render_prompt,
     split_of,
+    word_problem,
     worked_solution,
 )
 
@@ -90,3 +93,103 @@ def test_problem_checks_its_type():
         Problem("1", "s", "q", "a", "essay")
     with pytest.raises(ValueError, match="choices"):
         Problem("1", "s", "q", "A", "choice")
+
+
+# ----- word problems -------------------------------------------------------------------------
+
+
+def _expression_of(problem: Problem) -> str:
+    """The expression a word problem tells, read back from its worked solution's steps."""
+    steps = problem.solution.split(". ####")[0].split(", ")
+    first = steps[0].split("=")[0]
+    if len(steps) == 1:
+        return first
+    # the second step applies the last operator and operand to the first step's result
+    rest = steps[1].split("=")[0]
+    op_index = next(i for i in range(1, len(rest)) if rest[i] in "+-*")
+    return first + rest[op_index:]
+
+
+def test_word_problem_by_hand():
+    import random
+
+    story = word_problem(random.Random(0), "3+4")
+    assert story in {t.format(name=n, item=i, box=b, a=3, b=4)
+                     for t in WORD_TEMPLATES["+"]
+                     for n in ("Tom", "Anna", "Sam", "Lily", "Ben", "Mia", "Leo", "Zoe", "Max",
+                               "Emma", "Noah", "Ava")
+                     for i in ("apples", "pencils", "marbles", "stickers", "cookies", "books",
+                               "cards", "shells", "stamps", "balloons", "coins", "flowers")
+                     for b in ("boxes", "bags", "baskets", "jars", "packs", "plates")}
+    assert " 3 " in story and " 4 " in story
+    assert word_problem(random.Random(0), "3+4") == story  # seeded
+    s2 = word_problem(random.Random(1), "6*2-5")
+    assert "6" in s2 and "2" in s2 and "5" in s2 and s2.endswith("?")
+
+
+def test_word_problems_are_deterministic_distinct_and_correct():
+    a = generate_word_problems(150, seed=3, max_add=9, max_mul=9)
+    assert a == generate_word_problems(150, seed=3, max_add=9, max_mul=9)
+    assert a != generate_word_problems(150, seed=4, max_add=9, max_mul=9)
+    assert len({p.problem_id for p in a}) == len({p.question for p in a}) == 150
+    exprs = [_expression_of(p) for p in a]
+    assert len(set(exprs)) == 150  # distinct in their arithmetic, not only in the story
+    for p, e in zip(a, exprs, strict=True):
+        assert p.answer == str(eval(e))  # noqa: S307 - digits and + - * only
+        assert p.answer_type == "math" and p.solution.endswith(f"#### {p.answer}")
+        assert p.level == str(sum(e.count(o) for o in "+-*") + 1) in ("2", "3")
+        # every count of the story is a whole number of things: no negative partial result
+        for step in p.solution.split(". ####")[0].split(", "):
+            assert int(step.rsplit("=", 1)[1]) >= 0
+        numbers = [int(x) for x in e.replace("+", " ").replace("-", " ").replace("*", " ").split()]
+        assert min(numbers) >= 2 and max(numbers) <= 9
+        assert all(str(v) in p.question for v in numbers)
+        assert p.question.endswith("?") and "{" not in p.question
+    patterns = {"".join(c for c in e if c in "+-*") for e in exprs}
+    assert patterns == set(WORD_TEMPLATES)  # every pattern occurs
+
+
+def test_word_split_is_the_expressions_so_no_arithmetic_crosses_it():
+    train = generate_word_problems(400, seed=0, max_add=19, max_mul=9, split="train")
+    test = generate_word_problems(40, seed=0, max_add=19, max_mul=9, split="test")
+    train_e = {_expression_of(p) for p in train}
+    test_e = {_expression_of(p) for p in test}
+    assert not train_e & test_e
+    assert all(split_of(f"{e}=?") == "test" for e in test_e)
+    assert all(split_of(f"{e}=?") == "train" for e in train_e)
+    # nor with the expression generator's training questions of the same range
+    expr_train = {p.question.removesuffix("=?") for p in
+                  generate_arithmetic(2000, seed=0, max_terms=3, max_add=19, max_mul=9)}
+    assert not expr_train & test_e
+
+
+def test_word_style_through_generate_arithmetic():
+    assert generate_arithmetic(20, seed=1, max_terms=3, max_add=9, style="word") == \
+        generate_word_problems(20, seed=1, max_terms=3, max_add=9)
+    with pytest.raises(ValueError, match="style"):
+        generate_arithmetic(2, seed=1, style="poem")
+
+
+def test_word_problems_refuse_more_than_two_operations_and_tiny_spaces():
+    with pytest.raises(ValueError, match="2 or 3 terms"):
+        generate_word_problems(5, seed=0, max_terms=4)
+    with pytest.raises(ValueError, match="space is too small"):
+        generate_word_problems(200, seed=0, min_terms=2, max_terms=2, max_add=4, max_mul=4)
+
+
+def test_config_style_key():
+    from stages.config import ConfigError, GeneratedSource, validate
+
+    assert GeneratedSource(n=3).style == "expression"
+    assert GeneratedSource(n=3, style="word", max_terms=3).style == "word"
+    import yaml
+
+    from tests.conftest import ROOT
+
+    raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    raw["datasets"]["rl"]["source"].update(style="word", max_terms=4)
+    with pytest.raises(ConfigError, match="datasets.rl.source.*max_terms must be <= 3"):
+        validate(raw, "t.yaml")
+    raw["datasets"]["rl"]["source"].update(style="verse", max_terms=3)
+    with pytest.raises(ConfigError, match="datasets.rl.source.style"):
+        validate(raw, "t.yaml")

