@@ -149,9 +149,12 @@ def token_page(samples: list[dict], path: str | Path, max_entropy: float, title:
             if not tok["sel_stapo"]:
                 classes.append("silenced")
                 picks.append("silenced by STAPO")
-            tip = [repr(tok["text"]),
-                   f"H = {tok['entropy']:.3f} nats, JSD = {tok.get('jsd', 0.0):.4f}, "
-                   f"log p = {tok.get('logprob', 0.0):.3f}"]
+            values = [f"H = {tok['entropy']:.3f} nats"]
+            if tok.get("jsd") is not None:  # the scope-mean JSD: only when a selector needs it
+                values.append(f"JSD = {tok['jsd']:.4f}")
+            if tok.get("logprob") is not None:
+                values.append(f"log p = {tok['logprob']:.3f}")
+            tip = [repr(tok["text"]), ", ".join(values)]
             shading = f"--h: {_shade(tok['entropy'] / max_entropy if max_entropy > 0 else 0.0, H_TOP)}"
             if u is not None:
                 us.append(u)
