@@ -1,12 +1,16 @@
 """Stage 5: sample n responses per benchmark problem, grade them, and report pass@k (METHODS §5–§6).
 
-    python -m stages.evaluate --config CFG --size NAME --method METHOD --seed K --bench BENCH \
+    python -m stages.evaluate --config CFG --size NAME --method METHOD --seed K \
         --model results/<run>/models/size=NAME/base.json   (method "base")
                 results/<run>/train/size=NAME/method=METHOD/seed=K/model.json   (trained) \
-        --data results/<run>/data/dataset=BENCH/problems.parquet \
-        --out-dir results/<run>/eval/size=NAME/method=METHOD/seed=K/bench=BENCH
+        --bench BENCH [BENCH ...] \
+        --data results/<run>/data/dataset=BENCH/problems.parquet [...] \
+        --out-dir results/<run>/eval/size=NAME/method=METHOD/seed=K/bench=BENCH [...]
 
-Writes `samples.parquet` (one row per response) and `metrics.parquet` (one row per metric). The
+One process evaluates one model on one or more benchmarks (`--bench`, `--data` and `--out-dir`
+pair up in order): the model is loaded once, and each benchmark's samples are exactly those a
+process of its own would draw. Writes, per benchmark,
+`samples.parquet` (one row per response) and `metrics.parquet` (one row per metric). The
 size, method, seed and benchmark are the hive keys of the output folder (and are kept in the
 provenance), so `pl.scan_parquet("results/<run>/eval/**/metrics.parquet", hive_partitioning=True)`
 reads every evaluation as one table. Sampling and the bootstrap are seeded by the run seed plus
@@ -101,54 +105,70 @@ def metric_rows(samples: pl.DataFrame, k_list: list[int], resamples: int, seed: 
     return rows
 
 
-def main(args, cfg: Config) -> None:
-    from .core.backends import SamplingSettings, generate  # torch: only where sampling happens
-    from .core.grading import grade_many
-
+def check_args(args, cfg: Config) -> list[tuple[str, str, Path]]:
+    """(benchmark, problems file, output folder) of each --bench, in order."""
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
     if args.method != "base" and args.method not in cfg.methods:
         raise ConfigError(f"--method {args.method!r}: neither 'base' nor a key of 'methods' "
                           f"({sorted(cfg.methods)})")
-    if args.bench not in cfg.datasets or cfg.datasets[args.bench].role != "benchmark":
-        raise ConfigError(f"--bench {args.bench!r}: not a dataset with role 'benchmark'")
-    ev = cfg.evaluate
-    problems = read_parquet(args.data, PROBLEM_SCHEMA)
+    if not len(args.bench) == len(args.data) == len(args.out_dir):
+        raise ConfigError(f"{len(args.bench)} --bench, {len(args.data)} --data and "
+                          f"{len(args.out_dir)} --out-dir: give one of each per benchmark")
+    for bench in args.bench:
+        if bench not in cfg.datasets or cfg.datasets[bench].role != "benchmark":
+            raise ConfigError(f"--bench {bench!r}: not a dataset with role 'benchmark'")
+    return [(b, d, Path(o)) for b, d, o in zip(args.bench, args.data, args.out_dir, strict=True)]
+
+
+def read_problems(path: str) -> pl.DataFrame:
+    problems = read_parquet(path, PROBLEM_SCHEMA)
     if problems.height == 0:
-        raise ArtifactError(f"{args.data}: the benchmark has no problems")
+        raise ArtifactError(f"{path}: the benchmark has no problems")
     if problems["problem_id"].n_unique() != problems.height:
-        raise ArtifactError(f"{args.data}: problem ids are not unique")
+        raise ArtifactError(f"{path}: problem ids are not unique")
+    return problems
+
+
+def main(args, cfg: Config) -> None:
+    from .core.backends import SamplingSettings, open_sampler  # torch: only where sampling happens
+    from .core.grading import grade_many
+
+    jobs = check_args(args, cfg)
+    problem_sets = [read_problems(data) for _, data, _ in jobs]  # every input checked first
+    ev = cfg.evaluate
     seed = cfg.seed + args.seed
     settings = SamplingSettings(
         n=ev.n, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens,
         seed=seed, batch_size=ev.batch_size,
         tensor_parallel_size=cfg.models[args.size].tensor_parallel_size,
     )
-    samples = generate(ev.backend, args.model, problems["prompt"].to_list(), settings,
-                       desc=f"eval {args.size}/{args.method}/{args.bench}")
-    golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
-    grades = grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],
-                        [types[s.prompt_idx] for s in samples], ev.grade_timeout_s)
-    ids = problems["problem_id"].to_list()
-    rows = [
-        {"benchmark": args.bench, "problem_id": ids[s.prompt_idx], "sample_idx": s.sample_idx,
-         "response": s.response, "extracted": g.extracted, "correct": g.correct,
-         "grade_error": g.error, "answer": golds[s.prompt_idx], "answer_type": types[s.prompt_idx],
-         "finish_reason": s.finish_reason, "response_tokens": len(s.response_token_ids)}
-        for s, g in zip(samples, grades, strict=True)
-    ]
-    table = pl.from_arrow(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
-    metrics = metric_rows(table, ev.k, ev.bootstrap, seed)
-
+    sample = open_sampler(ev.backend, args.model, settings)
     model_ref = json.loads(Path(args.model).read_text())
-    prov = provenance("evaluate", STAGE_VERSION, cfg.section_hash(*config_keys(args.size, args.bench)),
-                      seed, size=args.size, method=args.method, run_seed=args.seed, bench=args.bench,
-                      backend=ev.backend, model=str(args.model), model_ref=model_ref)
-    out = Path(args.out_dir)
-    write_parquet(table, out / "samples.parquet", SAMPLE_SCHEMA, prov)
-    write_parquet(metrics, out / "metrics.parquet", METRIC_SCHEMA, prov)
-    cli.log.info("%s/%s/seed=%d/%s: %s", args.size, args.method, args.seed, args.bench,
-                 ", ".join(f"{r['metric']} {r['value']:.3f}" for r in metrics))
+    for (bench, _, out), problems in zip(jobs, problem_sets, strict=True):
+        samples = sample(problems["prompt"].to_list(), settings,
+                         desc=f"eval {args.size}/{args.method}/{bench}")
+        golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
+        grades = grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],
+                            [types[s.prompt_idx] for s in samples], ev.grade_timeout_s)
+        ids = problems["problem_id"].to_list()
+        rows = [
+            {"benchmark": bench, "problem_id": ids[s.prompt_idx], "sample_idx": s.sample_idx,
+             "response": s.response, "extracted": g.extracted, "correct": g.correct,
+             "grade_error": g.error, "answer": golds[s.prompt_idx],
+             "answer_type": types[s.prompt_idx], "finish_reason": s.finish_reason,
+             "response_tokens": len(s.response_token_ids)}
+            for s, g in zip(samples, grades, strict=True)
+        ]
+        table = pl.from_arrow(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
+        metrics = metric_rows(table, ev.k, ev.bootstrap, seed)
+        prov = provenance("evaluate", STAGE_VERSION, cfg.section_hash(*config_keys(args.size, bench)),
+                          seed, size=args.size, method=args.method, run_seed=args.seed, bench=bench,
+                          backend=ev.backend, model=str(args.model), model_ref=model_ref)
+        write_parquet(table, out / "samples.parquet", SAMPLE_SCHEMA, prov)
+        write_parquet(metrics, out / "metrics.parquet", METRIC_SCHEMA, prov)
+        cli.log.info("%s/%s/seed=%d/%s: %s", args.size, args.method, args.seed, bench,
+                     ", ".join(f"{r['metric']} {r['value']:.3f}" for r in metrics))
 
 
 if __name__ == "__main__":
@@ -156,8 +176,10 @@ if __name__ == "__main__":
     p.add_argument("--size", required=True, help="a key of 'models'")
     p.add_argument("--method", required=True, help="'base' or a key of 'methods'")
     p.add_argument("--seed", required=True, type=int, help="the run seed K of the trained model")
-    p.add_argument("--bench", required=True, help="a benchmark dataset key")
     p.add_argument("--model", required=True, help="model reference: base.json or model.json")
-    p.add_argument("--data", required=True, help="prepared benchmark problems (Parquet)")
-    p.add_argument("--out-dir", required=True, help="folder for samples.parquet and metrics.parquet")
+    p.add_argument("--bench", required=True, nargs="+", help="benchmark dataset keys")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="prepared problems (Parquet) of each benchmark, in --bench order")
+    p.add_argument("--out-dir", required=True, nargs="+",
+                   help="folder for samples.parquet and metrics.parquet of each benchmark")
     cli.run(main, p)

@@ -88,7 +88,7 @@ def stage(tmp_path_factory):
 
 def evaluate(d, cfg, out, method="base", bench="arith-easy", model=None):
     return run_stage("evaluate", "--config", str(cfg), "--size", "tiny-s", "--method", method,
-                     "--seed", "0", "--bench", bench, "--model", str(model or d / "base.json"),
+                     "--seed", "0", "--model", str(model or d / "base.json"), "--bench", bench,
                      "--data", str(d / "problems.parquet"), "--out-dir", str(out))
 
 
@@ -146,14 +146,35 @@ def test_config_keys_ignore_the_table_layout(stage):
     assert validate(raw, "x").section_hash(*config_keys("tiny-s", "arith-easy")) != base
 
 
-def in_process(d, cfg, out, method="base", bench="arith-easy", model=None):
+def in_process(d, cfg, out, method="base", bench="arith-easy", model=None, data=None):
+    """The stage on one or more benchmarks (bench, out and data: one each, or lists)."""
     from stages.config import load_config
     from stages.evaluate import main
 
-    args = types.SimpleNamespace(size="tiny-s", method=method, seed=0, bench=bench,
+    benches = bench if isinstance(bench, list) else [bench]
+    outs = out if isinstance(out, list) else [out]
+    data = data or [d / "problems.parquet"] * len(benches)
+    args = types.SimpleNamespace(size="tiny-s", method=method, seed=0, bench=benches,
                                  model=str(model or d / "base.json"),
-                                 data=str(d / "problems.parquet"), out_dir=str(out))
+                                 data=[str(x) for x in data], out_dir=[str(o) for o in outs])
     main(args, load_config(cfg))
+
+
+def test_several_benchmarks_in_one_process_equal_one_process_each(stage, tmp_path):
+    """One job per model: each benchmark's samples are those a process of its own draws."""
+    d, cfg = stage
+    write_problems(tmp_path / "hard.parquet", generate_arithmetic(4, seed=9, min_terms=3, max_terms=4))
+    in_process(d, cfg, [tmp_path / "a", tmp_path / "b"], bench=["arith-easy", "arith-easy"],
+               data=[d / "problems.parquet", tmp_path / "hard.parquet"])
+    in_process(d, cfg, tmp_path / "b-alone", data=[tmp_path / "hard.parquet"])
+    in_process(d, cfg, tmp_path / "a-alone")
+    for both, alone in (("a", "a-alone"), ("b", "b-alone")):
+        for name in ("samples.parquet", "metrics.parquet"):
+            assert pl.read_parquet(tmp_path / both / name).equals(pl.read_parquet(tmp_path / alone / name))
+    assert not pl.read_parquet(tmp_path / "a" / "samples.parquet").equals(
+        pl.read_parquet(tmp_path / "b" / "samples.parquet"))
+    with pytest.raises(Exception, match="give one of each per benchmark"):
+        in_process(d, cfg, [tmp_path / "c"], bench=["arith-easy", "arith-easy"])
 
 
 @pytest.mark.parametrize(
@@ -162,17 +183,19 @@ def in_process(d, cfg, out, method="base", bench="arith-easy", model=None):
         ("ppo", "arith-easy", None, "--method 'ppo': neither 'base' nor a key of 'methods'"),
         ("base", "rl", None, "--bench 'rl': not a dataset with role 'benchmark'"),
         ("base", "arith-easy", "missing.json", "missing.json: model reference not found"),
+        ("base", ["arith-easy", "rl"], None, "--bench 'rl': not a dataset with role 'benchmark'"),
     ],
 )
 def test_stage_bad_inputs(stage, tmp_path, method, bench, model, expect):
     from stages.cli import USER_ERRORS
 
     d, cfg = stage
+    outs = [tmp_path / f"out{i}" for i in range(len(bench))] if isinstance(bench, list) else tmp_path / "out"
     with pytest.raises(USER_ERRORS) as err:
-        in_process(d, cfg, tmp_path / "out", method=method, bench=bench,
+        in_process(d, cfg, outs, method=method, bench=bench,
                    model=tmp_path / model if model else None)
     assert expect in str(err.value)
-    assert not (tmp_path / "out").exists()
+    assert not any(tmp_path.iterdir())  # nothing written, not even the good benchmark's
 
 
 def test_cli_reports_a_bad_argument_in_one_line(stage, tmp_path):

@@ -28,16 +28,35 @@ class SamplingSettings:
 def generate(backend: str, model_ref: str | Path, prompts: list[str], s: SamplingSettings,
              desc: str = "sampling") -> list[Sample]:
     """`s.n` responses to every prompt, ordered by (prompt, sample)."""
+    return open_sampler(backend, model_ref, s)(prompts, s, desc)
+
+
+def open_sampler(backend: str, model_ref: str | Path, s: SamplingSettings):
+    """Load the model once; returns sample(prompts, settings, desc) -> list[Sample].
+
+    Each call draws as a fresh `generate` would (hf reseeds every batch from settings.seed;
+    vLLM seeds every prompt), so one loaded model serves several benchmarks with the same
+    samples as one process per benchmark."""
     if backend == "hf":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_model_and_tokenizer(model_ref, device=device)
-        return sample_hf(model, tokenizer, prompts, n=s.n, temperature=s.temperature,
-                         top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                         batch_size=s.batch_size, desc=desc)
+
+        def sample(prompts: list[str], t: SamplingSettings, desc: str = "sampling") -> list[Sample]:
+            return sample_hf(model, tokenizer, prompts, n=t.n, temperature=t.temperature,
+                             top_p=t.top_p, max_new_tokens=t.max_new_tokens, seed=t.seed,
+                             batch_size=t.batch_size, desc=desc)
+
+        return sample
     if backend == "vllm":
-        return generate_vllm(model_ref, prompts, s)
+        llm = vllm_engine(model_ref, s)
+
+        def sample(prompts: list[str], t: SamplingSettings, desc: str = "sampling") -> list[Sample]:
+            return sample_vllm(llm, llm.get_tokenizer(), prompts, n=t.n, temperature=t.temperature,
+                               top_p=t.top_p, max_new_tokens=t.max_new_tokens, seed=t.seed)
+
+        return sample
     raise ValueError(f"unknown rollout backend {backend!r} (hf or vllm)")
 
 
@@ -78,12 +97,10 @@ def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: floa
     return samples
 
 
-def generate_vllm(model_ref: str | Path, prompts: list[str], s: SamplingSettings) -> list[Sample]:
-    """vLLM's offline engine; the same columns as `hf`. Needs `pip install -e '.[gpu]'` and a GPU."""
+def vllm_engine(model_ref: str | Path, s: SamplingSettings):
+    """vLLM's offline engine for a model reference. Needs `pip install -e '.[gpu]'` and a GPU."""
     from vllm import LLM  # optional extra: imported only here
 
     where, revision = vllm_source(model_ref)
-    llm = LLM(model=where, revision=revision, tokenizer_revision=revision,
-              tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")
-    return sample_vllm(llm, llm.get_tokenizer(), prompts, n=s.n, temperature=s.temperature,
-                       top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed)
+    return LLM(model=where, revision=revision, tokenizer_revision=revision,
+               tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")

@@ -2,25 +2,31 @@ from stages.evaluate import config_keys as evaluate_config_keys
 
 
 rule evaluate:
-    """Sample n responses per benchmark problem from one model, grade them, report pass@k."""
+    """Sample n responses per benchmark problem from one model, grade them, report pass@k: one job
+    per model (size x method x seed) for every benchmark, so the model is loaded once; each
+    benchmark keeps its own output folder, and its samples are those a job of its own would draw."""
     input:
         model=eval_model,
-        data=lambda w: data_path(w.bench),
+        data=[data_path(bench) for bench in EXP.benchmarks],
     output:
-        samples=f"{eval_dir('{size}', '{method}', '{seed}', '{bench}')}/samples.parquet",
-        metrics=f"{eval_dir('{size}', '{method}', '{seed}', '{bench}')}/metrics.parquet",
+        samples=expand(f"{eval_dir('{{size}}', '{{method}}', '{{seed}}', '{bench}')}/samples.parquet",
+                       bench=EXP.benchmarks),
+        metrics=expand(f"{eval_dir('{{size}}', '{{method}}', '{{seed}}', '{bench}')}/metrics.parquet",
+                       bench=EXP.benchmarks),
     params:
         py=PY,
         config=CONFIG_FILE,
-        out_dir=lambda w: eval_dir(w.size, w.method, w.seed, w.bench),
-        config_hash=lambda w: config_hash(*evaluate_config_keys(w.size, w.bench)),
+        benches=" ".join(EXP.benchmarks),
+        out_dirs=lambda w: " ".join(eval_dir(w.size, w.method, w.seed, b) for b in EXP.benchmarks),
+        config_hash=lambda w: config_hash(*dict.fromkeys(
+            key for bench in EXP.benchmarks for key in evaluate_config_keys(w.size, bench))),
     log:
-        f"{RESULTS}/logs/evaluate/{{size}}/{{method}}/{{seed}}/{{bench}}.log",
+        f"{RESULTS}/logs/evaluate/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("evaluate")
     resources:
         **job_resources("evaluate"),
     shell:
         "{params.py} -m stages.evaluate --config {params.config} --size {wildcards.size}"
-        " --method {wildcards.method} --seed {wildcards.seed} --bench {wildcards.bench}"
-        " --model {input.model} --data {input.data} --out-dir {params.out_dir}"
+        " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
+        " --bench {params.benches} --data {input.data} --out-dir {params.out_dirs}"
         " --threads {threads} 2>&1 | tee {log}"
