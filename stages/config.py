@@ -213,9 +213,9 @@ class TokenStats(Strict):
 
     chunk_positions: int = Field(1024, gt=0, description="positions per chunk")
     chunk_vocab: int = Field(32768, gt=0, description="vocabulary entries per chunk")
-    dtype: Literal["float32", "bfloat16"] = Field(
+    dtype: Literal["float32", "bfloat16", "float64"] = Field(
         "float32", description="token-statistics stage: dtype the model is loaded and run in "
-        "(the statistics are reduced in float32 either way)")
+        "(reductions in float32 for float32 and bf16; float64 end to end for float64)")
     high_entropy_quantile: float = Field(
         0.5, ge=0, le=1, description="token-statistics stage: a token is high-entropy when H "
         "exceeds this quantile of H over the file's tokens (ours; 0.5 = the median), for the share "

@@ -261,3 +261,23 @@ def test_two_ranks_equal_one_process(tmp_path):
     torch.testing.assert_close(joined, single, rtol=0, atol=1e-12)
     ref = reference(hidden @ weight.T + bias, keys, mask, 0.7)
     np.testing.assert_allclose(joined.numpy(), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rounding_noise_below_the_floor_is_exactly_zero(dtype):
+    """Two responses with the same context give the same distribution up to rounding: their u is
+    noise, set to 0 below U_FLOOR_ULPS epsilons, so a ranking by u ties them at 0 (earliest first)."""
+    from stages.core.stats import U_FLOOR_ULPS
+
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(1, 5, 7, generator=g, dtype=torch.float64)
+    # response 1 = response 0 plus noise far below the floor, response 2 differs for real
+    logits = torch.cat([base, base + 1e-13 * torch.randn(1, 5, 7, generator=g, dtype=torch.float64),
+                        torch.randn(1, 5, 7, generator=g, dtype=torch.float64)]).to(dtype)
+    keys = torch.arange(5).expand(3, 5)
+    u = group_step_jsd(logits, None, keys)
+    floor = U_FLOOR_ULPS * torch.finfo(dtype).eps
+    assert ((u == 0) | (u >= floor)).all()
+    two = group_step_jsd(logits[:2], None, keys[:2])
+    assert (two == 0).all()  # noise only: exactly 0, not 1e-17
+    assert (u[2] > floor).all()

@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 
 LN2 = math.log(2.0)
+U_FLOOR_ULPS = 64
+"""group_step_jsd: u below this many machine epsilons of the compute dtype is rounding noise: 0."""
 CHUNK_POSITIONS = 1024
 CHUNK_VOCAB = 32768
 
@@ -474,6 +476,13 @@ def group_step_jsd(
     so u = 0 exactly. Returned in the compute dtype (float32; float64 for float64 input).
     logsumexp (...), e.g. from :func:`chunked_token_statistics`, saves the first pass.
 
+    Resolution: u below U_FLOOR_ULPS machine epsilons of the compute dtype (7.6e-6 nats in
+    float32, 1.4e-14 in float64) is set to exactly 0. Where a group's responses agree (the same
+    context, so the same distribution up to rounding) the computed u is rounding noise, and ICT
+    ranks positions by u: with the floor, such positions tie at 0 and the tie goes to the earliest
+    position, so the mask does not depend on the noise (ours; checked against a float64
+    recomputation of the default run's token statistics).
+
     Memory: the valid rows are sorted by key (stably, so ties keep position order) and visited in
     blocks of whole keys that start within the same window of chunk_positions rows (a key with more
     rows is one block on its own); for each block and chunk of chunk_vocab entries, p of its rows,
@@ -539,6 +548,8 @@ def group_step_jsd(
             _, scratch = src.buffers(b - a, c1 - c0)
             mean = sums.div_(divisor).to(src.dtype)  # (k, v); exactly p for a lone key
             out[a:b] += _jsd_block(p, torch.index_select(mean, 0, local, out=scratch))
-    return src.scatter(out.clamp_(0.0, LN2))
+    out.clamp_(0.0, LN2)
+    out[out < U_FLOOR_ULPS * torch.finfo(out.dtype).eps] = 0.0
+    return src.scatter(out)
 
 
