@@ -143,24 +143,14 @@ def generate_arithmetic(
     if style != "expression":
         raise ValueError(f"style must be 'expression' or 'word', got {style!r}")
     rng = random.Random(f"arith:{seed}:{min_terms}:{max_terms}:{max_add}:{max_mul}")
-    seen: set[str] = set()
-    problems: list[Problem] = []
-    attempts = 0
-    while len(problems) < n:
-        attempts += 1
-        if attempts > 50 * n + 1000:
-            raise ValueError(
-                f"cannot draw {n} distinct {split} problems with terms {min_terms}-{max_terms}, "
-                f"max_add {max_add}, max_mul {max_mul}: the space is too small"
-            )
+
+    def draw():
         expression = _expression(rng, rng.randint(min_terms, max_terms), max_add, max_mul)
         question = f"{expression}=?"
-        if question in seen or split_of(question) != split:
-            continue
-        seen.add(question)
-        solution, value = worked_solution(expression)
-        problems.append(
-            Problem(
+
+        def make() -> Problem:
+            solution, value = worked_solution(expression)
+            return Problem(
                 problem_id=hashlib.sha256(question.encode()).hexdigest()[:12],
                 source=source,
                 question=question,
@@ -169,7 +159,28 @@ def generate_arithmetic(
                 solution=solution,
                 level=str(expression.count("+") + expression.count("-") + expression.count("*") + 1),
             )
-        )
+
+        return question, question, make
+
+    return _draw_distinct(n, split, f"problems with terms {min_terms}-{max_terms}, max_add "
+                          f"{max_add}, max_mul {max_mul}", draw)
+
+
+def _draw_distinct(n: int, split: str, what: str, draw) -> list[Problem]:
+    """`n` problems from draw() -> (key, question that decides the split, make), keeping the
+    first of each key whose question falls in `split`; make() builds the Problem."""
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    attempts = 0
+    while len(problems) < n:
+        attempts += 1
+        if attempts > 50 * n + 1000:
+            raise ValueError(f"cannot draw {n} distinct {split} {what}: the space is too small")
+        key, question, make = draw()
+        if key in seen or split_of(question) != split:
+            continue
+        seen.add(key)
+        problems.append(make())
     return problems
 
 
@@ -278,24 +289,14 @@ def generate_word_problems(
         raise ValueError(f"word problems have 2 or 3 terms (one or two operations), got "
                          f"min_terms {min_terms}, max_terms {max_terms}")
     rng = random.Random(f"word:{seed}:{min_terms}:{max_terms}:{max_add}:{max_mul}")
-    seen: set[str] = set()
-    problems: list[Problem] = []
-    attempts = 0
-    while len(problems) < n:
-        attempts += 1
-        if attempts > 50 * n + 1000:
-            raise ValueError(
-                f"cannot draw {n} distinct {split} word problems with terms {min_terms}-{max_terms}, "
-                f"max_add {max_add}, max_mul {max_mul}: the space is too small"
-            )
+
+    def draw():
         expression = _word_expression(rng, rng.randint(min_terms, max_terms), max_add, max_mul)
         story = word_problem(rng, expression)  # drawn before the checks: one rng stream
-        if expression in seen or split_of(f"{expression}=?") != split:
-            continue
-        seen.add(expression)
-        solution, value = worked_solution(expression)
-        problems.append(
-            Problem(
+
+        def make() -> Problem:
+            solution, value = worked_solution(expression)
+            return Problem(
                 problem_id=hashlib.sha256(story.encode()).hexdigest()[:12],
                 source=source,
                 question=story,
@@ -304,5 +305,8 @@ def generate_word_problems(
                 solution=solution,
                 level=str(len(_pattern(expression)) + 1),
             )
-        )
-    return problems
+
+        return expression, f"{expression}=?", make
+
+    return _draw_distinct(n, split, f"word problems with terms {min_terms}-{max_terms}, max_add "
+                          f"{max_add}, max_mul {max_mul}", draw)
