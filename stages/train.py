@@ -100,10 +100,12 @@ METRICS_SCHEMA = pa.schema(
 TIME_COLUMNS = ("tokens_per_second", "time_s")
 
 
-def config_keys(size: str, method: str) -> tuple[str, ...]:
-    """The parts of the config this stage reads (rule train's config_hash lists the same)."""
-    return ("train", f"methods/{method}", f"models/{size}", "seed", "token_stats",
-            "evaluate/grade_timeout_s", "experiment/train_datasets")
+def config_keys(cfg: Config, size: str, method: str) -> tuple[str, ...]:
+    """The parts of the config this stage reads (rule train's config_hash lists the same): the
+    token-statistics chunking, not the token-statistics stage's own keys."""
+    return ("train", f"methods/{method}", f"models/{size}", "seed", "token_stats/chunk_positions",
+            "token_stats/chunk_vocab", "evaluate/grade_timeout_s", "experiment/train_datasets",
+            *(f"datasets/{d}/max_response_tokens" for d in cfg.experiment.train_datasets))
 
 
 def lr_at(step: int, tcfg: Train, lr: float | None = None) -> float:
@@ -207,7 +209,7 @@ def fingerprint(cfg: Config, args) -> str:
     for name, path in [("model", args.model)] + [(f"prompts{i}", p) for i, p in enumerate(args.prompts)]:
         st = Path(path).stat()
         inputs[name] = [st.st_size, st.st_mtime_ns]
-    blob = json.dumps({"config": cfg.section_hash(*config_keys(args.size, args.method)),
+    blob = json.dumps({"config": cfg.section_hash(*config_keys(cfg, args.size, args.method)),
                        "job": [args.size, args.method, args.seed], "inputs": inputs},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -403,7 +405,7 @@ def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path
            dist: Dist, seconds: float, start: int) -> None:
     """Write final/, metrics.parquet, summary.json and (last) model.json; drop the resume state."""
     model = engine.module
-    prov = provenance("train", STAGE_VERSION, cfg.section_hash(*config_keys(args.size, args.method)),
+    prov = provenance("train", STAGE_VERSION, cfg.section_hash(*config_keys(cfg, args.size, args.method)),
                       cfg.seed, size=args.size, method=args.method, run_seed=args.seed,
                       world_size=dist.world)
     last = rows[-1]

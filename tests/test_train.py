@@ -586,3 +586,19 @@ def test_dynamic_sampling_filters_groups_on_correctness_not_reward(test_raw):
     # the all-correct and all-wrong groups are dropped although their rewards differ (penalty)
     assert len(roll.response_ids) == 4 and set(roll.groups) == {0}
     assert len(set(roll.advantages.tolist())) > 1
+
+
+def test_config_keys_are_what_the_trainer_reads(test_raw):
+    """A dataset's response limit reruns training; the token-statistics stage's own keys do not."""
+    base = validate(test_raw, "t.yaml")
+    keys = train.config_keys(base, "tiny-s", "ict")
+    raw = copy.deepcopy(test_raw)
+    raw["token_stats"]["dtype"] = "float64"
+    raw["token_stats"]["high_entropy_quantile"] = 0.8
+    assert validate(raw, "t.yaml").section_hash(*keys) == base.section_hash(*keys)
+    raw["datasets"]["rl"]["max_response_tokens"] = 7
+    assert validate(raw, "t.yaml").section_hash(*keys) != base.section_hash(*keys)
+    text = (ROOT / "workflow" / "rules" / "train.smk").read_text()
+    for key in ("token_stats/chunk_positions", "token_stats/chunk_vocab", "experiment/train_datasets",
+                "max_response_tokens"):
+        assert key in text  # the rule's hash lists the same parts

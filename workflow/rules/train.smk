@@ -16,8 +16,9 @@ rule train:
         resume_dir=lambda w: f"{RESULTS}/resume/size={w.size}/method={w.method}/seed={w.seed}",
         # exactly what stages.train reads (stages.train.config_keys)
         config_hash=lambda w: config_hash(
-            "train", f"methods/{w.method}", f"models/{w.size}", "seed", "token_stats",
-            "evaluate/grade_timeout_s",
+            "train", f"methods/{w.method}", f"models/{w.size}", "seed", "token_stats/chunk_positions",
+            "token_stats/chunk_vocab", "evaluate/grade_timeout_s", "experiment/train_datasets",
+            *(f"datasets/{d}/max_response_tokens" for d in EXP.train_datasets),
         ),
     log:
         f"{RESULTS}/logs/train/{{size}}/{{method}}/{{seed}}.log",
