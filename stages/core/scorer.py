@@ -199,8 +199,7 @@ def group_step_keys(groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
 @torch.no_grad()
 def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=frozenset(), *,
                 device, max_sequences: int, max_tokens: int | None = None,
-                chunks: Chunks = Chunks(), all_reduce: AllReduce | None = None,
-                keep_hidden: bool = False) -> dict[str, Tensor]:
+                chunks: Chunks = Chunks(), all_reduce: AllReduce | None = None) -> dict[str, Tensor]:
     """Per-token statistics (N,) of a scope under `model`, float32 on the CPU (float64 models:
     float64): always ``entropy``, ``renyi2``, ``logprob``; ``jsd`` (to the mean distribution of
     the scope on every rank, all_reduce summing the V-sized pieces) and ``group_jsd`` (ICT's u;
@@ -223,7 +222,7 @@ def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=froz
                                          chunk_positions=chunks.positions, chunk_vocab=chunks.vocab)
         for key in out:
             out[key].append(stats[key].cpu())
-        if trunk_needs or keep_hidden:
+        if trunk_needs:
             kept.append(rows.cpu())
         del hidden, rows
     result = {k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()}
@@ -243,6 +242,4 @@ def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=froz
             keys = group_step_keys(scope.groups, scope.lengths)
             result["group_jsd"] = group_step_jsd(hv, weight, keys, temperature, logsumexp=lse,
                                                  **kw).cpu()
-    if keep_hidden:
-        result["hidden"] = torch.cat(kept) if kept else torch.zeros(0)
     return result
