@@ -31,7 +31,14 @@ from .core.io import ArtifactError, provenance, read_parquet, write_json, write_
 from .core.losses import group_advantages
 from .core.modeling import load_model_and_tokenizer
 from .core.scoring import response_hidden, trunk_and_head
-from .core.selectors import SelectionInput, linear_quantile, select_tokens, spec_of
+from .core.selectors import (
+    SelectionInput,
+    grid,
+    linear_quantile,
+    select_tokens,
+    spec_of,
+    valid_grid,
+)
 from .core.stats import chunked_token_statistics, group_step_jsd
 from .rollout import ROLLOUT_SCHEMA
 
@@ -115,14 +122,6 @@ def check_rollouts(frame: pl.DataFrame, path: str, vocab_size: int) -> None:
             )
 
 
-def to_grid(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """Flat per-token values (N,) → right-padded (B, T) grid (0 where padded)."""
-    grid = torch.zeros((len(lengths), max(lengths)), dtype=values.dtype)
-    valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
-    grid[valid] = values
-    return grid
-
-
 def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
     union = int((a | b).sum())
     return int((a & b).sum()) / union if union else 1.0
@@ -157,11 +156,11 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
 
     rewards = torch.tensor(frame["reward"].to_list(), dtype=torch.float64)
     adv = group_advantages(rewards, group).float()  # (B,)
-    valid = to_grid(torch.ones(len(token_ids), dtype=torch.bool), lengths)  # (B, T)
+    valid = valid_grid(lengths)  # (B, T)
     # exactly what the reported selectors read
     per_token = {**stats, "group_jsd": ict_u, "token_ids": token_ids}
     inp = SelectionInput(valid=valid, **{
-        name: adv if name == "advantages" else to_grid(per_token[name], lengths) for name in needed
+        name: adv if name == "advantages" else grid(per_token[name], lengths) for name in needed
     })
     masks = {col: select_tokens(REPORTED[col], inp, **params[col])[valid] for col in REPORTED}
 

@@ -26,7 +26,7 @@ from stages import train
 from stages.config import ConfigError, validate
 from stages.core import engine as engine_glue
 from stages.core import rollouts
-from stages.core.actor import actor_step, grid, micro_loss, valid_grid
+from stages.core.actor import actor_step, micro_loss
 from stages.core.io import ArtifactError
 from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
 from stages.core.modeling import build_scratch_model, build_tokenizer
@@ -41,7 +41,7 @@ from stages.core.scorer import (
     trunk_hidden,
 )
 from stages.core.scoring import pack
-from stages.core.selectors import SelectionInput, select_tokens
+from stages.core.selectors import SelectionInput, grid, select_tokens, valid_grid
 from stages.core.stats import chunked_token_statistics, group_step_jsd
 from stages.train import free_port
 from tests.conftest import ROOT, run_stage, save_scratch_model, write_problems, write_yaml

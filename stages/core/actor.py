@@ -26,7 +26,7 @@ from .engine import Dist
 from .losses import clipped_surrogate, k3_kl, loss_weights
 from .rollouts import Rollouts
 from .scorer import Chunks, head_logprob, micro_batches, response_rows, trunk_hidden
-from .selectors import STATISTICS, SelectionInput, select_tokens
+from .selectors import STATISTICS, SelectionInput, grid, select_tokens, valid_grid
 
 
 @dataclass
@@ -42,22 +42,6 @@ class Update:
     entropy_selected_sum: float
     renyi2_selected_sum: float
     mask: Tensor  # (B_global, T) the selection, for tests
-
-
-def grid(values: Tensor, lengths: list[int] | Tensor, fill: float | bool = 0) -> Tensor:
-    """Flat per-position values (N,) → right-padded (B, T) in (sequence, position) order."""
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
-    width = int(lengths.max()) if lengths.numel() else 0
-    out = torch.full((lengths.numel(), width), fill, dtype=values.dtype, device=values.device)
-    out[valid_grid(lengths).to(values.device)] = values
-    return out
-
-
-def valid_grid(lengths: list[int] | Tensor) -> Tensor:
-    """(B, T) bool: True at the first lengths[b] positions of row b."""
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
-    width = int(lengths.max()) if lengths.numel() else 0
-    return torch.arange(width)[None, :] < lengths[:, None]
 
 
 @dataclass

@@ -117,6 +117,22 @@ def as_bool_mask(mask: Tensor) -> Tensor:
     return mask != 0
 
 
+def grid(values: Tensor, lengths: list[int] | Tensor, fill: float | bool = 0) -> Tensor:
+    """Flat per-position values (N,) → right-padded (B, T) in (sequence, position) order."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    width = int(lengths.max()) if lengths.numel() else 0
+    out = torch.full((lengths.numel(), width), fill, dtype=values.dtype, device=values.device)
+    out[valid_grid(lengths).to(values.device)] = values
+    return out
+
+
+def valid_grid(lengths: list[int] | Tensor) -> Tensor:
+    """(B, T) bool: True at the first lengths[b] positions of row b."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    width = int(lengths.max()) if lengths.numel() else 0
+    return torch.arange(width)[None, :] < lengths[:, None]
+
+
 @dataclass
 class SelectionInput:
     """The per-token statistics of one selection scope; every (B, T) field aligns with valid.
