@@ -9,6 +9,7 @@ import collections
 
 from . import cli
 from .config import Config, ConfigError, GeneratedSource
+from .core.adapters import DAPO_INSTRUCTION
 from .core.io import provenance, write_parquet
 from .core.problems import PROBLEM_SCHEMA, Problem, generate_arithmetic, render_prompt
 
@@ -50,10 +51,23 @@ def prepare(cfg: Config, name: str) -> list[dict]:
         rows.append(row)
     if not rows:
         raise ConfigError(f"datasets/{name}: the source produced no problems")
+    check_instruction_once(rows, name, ds.template)
     dupes = [k for k, v in collections.Counter(r["problem_id"] for r in rows).items() if v > 1]
     if dupes:
         raise ConfigError(f"datasets/{name}: duplicate problem_id values, e.g. {dupes[:3]}")
     return [{f: r[f] for f in PROBLEM_SCHEMA.names} for r in rows]
+
+
+def check_instruction_once(rows: list[dict], name: str, template: str) -> None:
+    """Refuse prompts that carry DAPO's "Answer:" instruction twice: a template that adds it around
+    records that already hold it (DAPO-Math-17k's) would train on a prompt nobody else uses."""
+    for row in rows:
+        if row["prompt"].count(DAPO_INSTRUCTION) > 1:
+            raise ConfigError(
+                f"datasets.{name}.template: the prompt carries the \"Answer:\" instruction twice "
+                f"(template {template!r}, problem {row['problem_id']!r}; the records already carry "
+                "it; use a template without it)"
+            )
 
 
 def main(args, cfg: Config) -> None:

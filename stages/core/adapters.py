@@ -23,7 +23,13 @@ the loaders add where (``data/x.jsonl:17``, ``x.parquet: row 17`` or
 is present but empty raises :class:`EmptyAnswer`; the loaders skip those with a warning, because
 the canonical MATH train set has two problems whose solutions box nothing. A record outside the
 subset an adapter stands for (another year of a multi-year AIME file) raises :class:`NotInSubset`;
-the loaders skip those silently and count them.
+the loaders skip those silently and count them. One exception: `dapo_math` makes an empty gold
+an AdapterError, since every record of its training set has one (see its docstring).
+
+Deduplication: with ``deduplicate: true`` on the source, the loaders keep the first record of
+each distinct adapted question, with its id, and drop the later copies, logging how many.
+DAPO-Math-17k's common copy repeats every prompt 100 times under one id, which is otherwise a
+duplicate-id error.
 """
 
 from __future__ import annotations
@@ -740,6 +746,67 @@ def verl(record: dict, index: int, fields: Mapping[str, str], source: str) -> Pr
     )
 
 
+DAPO_FIELDS: dict[str, Keys] = {
+    "question": "prompt",
+    "answer": "reward_model.ground_truth",
+    "id": "extra_info.index",
+}
+DAPO_INSTRUCTION = "The last line of your response should be of the form Answer:"
+"""The sentence of DAPO-Math-17k's instruction that every prompt must carry exactly once."""
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of "
+    "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+"""DAPO-Math-17k's prompt is DAPO_PREFIX + problem + DAPO_SUFFIX, one user message."""
+
+
+def _single_user_message(value: Any, key: str) -> str:
+    """The content of a chat prompt that is one user message (or a plain string), unchanged."""
+    if isinstance(value, list):
+        roles = [m.get("role") if isinstance(m, Mapping) else type(m).__name__ for m in value]
+        if roles != ["user"]:
+            # a system turn or an earlier exchange would be lost: our templates wrap one message
+            raise AdapterError(f"field {key!r} must hold one user message, got roles {roles}")
+        value = value[0].get("content")
+    if not isinstance(value, str):
+        raise AdapterError(f"field {key!r} must be a chat message list or a string, got "
+                           f"{type(value).__name__}")
+    if not value.strip():
+        raise AdapterError(f"field {key!r} is empty")
+    return value
+
+
+@register_adapter("dapo_math")
+def dapo_math(record: dict, index: int, fields: Mapping[str, str], source: str) -> Problem:
+    """DAPO-Math-17k (BytedTsinghua-SIA/DAPO-Math-17k): verl rows whose prompt is the whole task.
+
+    The question is the user message's content as it is, the "Answer:" instruction included
+    (verl only applies the chat template to it), so the dataset's template must be the chat
+    wrapping alone. The gold is ``reward_model.ground_truth`` exactly as written, not even
+    stripped: verl hands that string to ``math_dapo`` unchanged, and its normaliser is not blind
+    to surrounding whitespace (its thousands-comma rule skips "1,000\\n"). A missing, null, empty
+    or non-string gold is an error, not a skipped record: every row of the data set has one, so
+    its absence means a wrong column or a broken copy, and training on a silently smaller set is
+    worse than stopping. The id is ``extra_info.index`` (a UUID; the common copy repeats each
+    prompt 100 times under one UUID: load it with ``deduplicate: true``).
+    """
+    f = _Fields(record, fields, DAPO_FIELDS)
+    key = f.key("answer")
+    gold = f.get("answer")
+    if not isinstance(gold, str):
+        raise AdapterError(f"field {key!r} must be a string, got {type(gold).__name__}")
+    if not gold.strip():
+        raise AdapterError(f"empty field {key!r}: every DAPO-Math-17k record has a gold answer")
+    return Problem(
+        problem_id=f.problem_id(index),
+        source=source,
+        question=_single_user_message(f.get("question"), f.key("question")),
+        answer=gold,
+        answer_type="math",
+    )
+
+
 GENERIC_FIELDS: dict[str, Keys] = {
     "question": "question",
     "answer": "answer",
@@ -854,6 +921,12 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, dict]]:
             yield number, record
 
 
+def _question_key(problem: Problem) -> tuple:
+    """What makes two records the same problem for `deduplicate`: the adapted question text (and
+    the options: one stem with other options is another problem)."""
+    return (problem.question, tuple(problem.choices or ()))
+
+
 def normalise(
     rows: Iterable[tuple[str, dict]],
     adapter: str,
@@ -862,18 +935,24 @@ def normalise(
     *,
     levels: list[int] | None = None,
     limit: int | None = None,
+    deduplicate: bool = False,
     label: str = "",
 ) -> list[Problem]:
     """Adapt `rows` of (location, record) in order; keep `levels`, then the first `limit`.
 
     Errors name the record's location and the adapter; records with an empty gold answer are
-    skipped with a warning; problem ids must be unique across the whole source.
+    skipped with a warning; problem ids must be unique across the whole source. With
+    `deduplicate`, a record whose adapted question (:func:`_question_key`) was seen before is
+    dropped before ids are checked, so the first copy is kept with its id and position; copies
+    whose gold answer differs from the kept one are named in a warning.
     """
     adapt = get_adapter(adapter)
     problems: list[Problem] = []
-    first_seen: dict[str, str] = {}
+    first_seen: dict[str, tuple[str, tuple]] = {}  # problem_id -> (location, question key)
+    first_question: dict[tuple, tuple[str, str]] = {}  # question key -> (location, answer)
     empty: list[str] = []
-    outside = excluded = 0
+    disagreeing: list[str] = []
+    outside = excluded = dropped = 0
     for index, (where, record) in enumerate(rows):
         try:
             problem = adapt(record, index, fields, source)
@@ -885,12 +964,25 @@ def normalise(
             continue
         except ValueError as err:  # AdapterError, or Problem's own checks
             raise AdapterError(f"{where}: {err} (adapter {adapter!r})") from None
+        key = _question_key(problem)
+        if deduplicate:
+            if key in first_question:
+                dropped += 1
+                kept_at, kept_answer = first_question[key]
+                if problem.answer != kept_answer:
+                    disagreeing.append(f"{where} ({problem.answer!r}; kept {kept_answer!r} of "
+                                       f"{kept_at})")
+                continue
+            first_question[key] = (where, problem.answer)
         if problem.problem_id in first_seen:
+            first_at, first_key = first_seen[problem.problem_id]
+            hint = ("; the record repeats that one's question: `deduplicate: true` on the source "
+                    "keeps the first copy") if first_key == key else ""
             raise AdapterError(
                 f"{where}: duplicate problem_id {problem.problem_id!r} (first at "
-                f"{first_seen[problem.problem_id]}; adapter {adapter!r})"
+                f"{first_at}; adapter {adapter!r}){hint}"
             )
-        first_seen[problem.problem_id] = where
+        first_seen[problem.problem_id] = (where, key)
         if levels is not None and level_number(problem.level) not in levels:
             outside += 1
             continue
@@ -900,15 +992,24 @@ def normalise(
             "%s: skipped %d record(s) with an empty gold answer: %s%s",
             label, len(empty), ", ".join(empty[:5]), " ..." if len(empty) > 5 else "",
         )
+    if deduplicate:
+        logger.info("%s: dropped %d duplicate record(s), keeping the first of each question",
+                    label, dropped)
+    if disagreeing:
+        logger.warning(
+            "%s: %d dropped duplicate(s) had another gold answer than the copy kept: %s%s",
+            label, len(disagreeing), ", ".join(disagreeing[:5]),
+            " ..." if len(disagreeing) > 5 else "",
+        )
     if not problems:
         raise AdapterError(
-            f"{label}: no problems left of {len(first_seen) + len(empty) + excluded} records "
-            f"({len(empty)} with an empty answer, {outside} outside levels {levels}, "
-            f"{excluded} outside the adapter's subset)"
+            f"{label}: no problems left of {len(first_seen) + len(empty) + excluded + dropped} "
+            f"records ({len(empty)} with an empty answer, {outside} outside levels {levels}, "
+            f"{excluded} outside the adapter's subset, {dropped} duplicates)"
         )
     kept = problems[:limit] if limit is not None else problems
-    logger.info("%s: %d problems (%d outside levels, %d empty answers, %d outside the subset)",
-                label, len(kept), outside, len(empty), excluded)
+    logger.info("%s: %d problems (%d outside levels, %d empty answers, %d outside the subset, "
+                "%d duplicates dropped)", label, len(kept), outside, len(empty), excluded, dropped)
     return kept
 
 
@@ -921,8 +1022,9 @@ def load_local(src: LocalSource, source_label: str) -> list[Problem]:
         (f"{path}: row {number}" if parquet else f"{path}:{number}", record)
         for number, record in read_records(path)
     )
-    return normalise(rows, src.adapter, src.fields, source_label,
-                     levels=src.levels, limit=src.limit, label=str(path))
+    return normalise(rows, src.adapter, src.fields, source_label, levels=src.levels,
+                     limit=src.limit, deduplicate=getattr(src, "deduplicate", False),
+                     label=str(path))
 
 
 def hub_label(src: HubSource) -> str:
@@ -938,5 +1040,6 @@ def load_hub(src: HubSource, source_label: str) -> list[Problem]:
     label = hub_label(src)
     split = datasets.load_dataset(src.dataset, src.config, split=src.split, revision=src.revision)
     rows = ((f"{label}: row index {i}", dict(row)) for i, row in enumerate(split))
-    return normalise(rows, src.adapter, src.fields, source_label,
-                     levels=src.levels, limit=src.limit, label=label)
+    return normalise(rows, src.adapter, src.fields, source_label, levels=src.levels,
+                     limit=src.limit, deduplicate=getattr(src, "deduplicate", False),
+                     label=label)
