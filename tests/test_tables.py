@@ -323,6 +323,39 @@ def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
     assert "<b>60.0</b>" in html and html.count("<table>") == 7  # 2 main, 2 ICT gains, total, base gains, token stats
 
 
+def test_a_registered_table_is_declared_written_and_shown_in_its_order(tmp_path, monkeypatch, default_raw):
+    """One decorated function adds a table: its files among the rule's outputs and on disk, its
+    table on the pages, all at its order (45: after token_stats, before ablation)."""
+    from stages.tables import registry
+    from stages.tables.write import table_files, write_table
+
+    # the tables only: the figures take seconds and are not what this test is about
+    monkeypatch.setattr(registry, "OUTPUTS", {n: s for n, s in registry.OUTPUTS.items()
+                                              if s.folder == "tables"})
+
+    @registry.register_table("extra", order=45, files=lambda cfg: table_files("extra"))
+    def write_extra(cfg, data, folder):
+        table = render.Table("Extra table", ["Size"], [[s] for s in cfg.experiment.sizes])
+        write_table([(table, "tab:extra")], pl.DataFrame({"size": cfg.experiment.sizes}), folder / "extra")
+        return [table]
+
+    cfg, args = build(tmp_path, config(default_raw))
+    tables = output_names(cfg)["tables"]
+    assert tables[tables.index("token_stats.csv") + 1:tables.index("ablation.md")] == [
+        "extra.md", "extra.tex", "extra.csv"]
+    main(args, cfg)
+    assert (tmp_path / "tables" / "extra.csv").read_text() == "size\ntiny-s\ntiny-m\n"
+    titles = [ln for ln in (tmp_path / "tables" / "tables.md").read_text().splitlines()
+              if ln.startswith("### ")]
+    assert titles[titles.index("### Extra table") - 1:][:3] == [
+        "### Token statistics of the base models", "### Extra table",
+        "### Ablations: selected fraction ρ, warm-up Θ, controls and our earlier JSD readings"]
+    with pytest.raises(ValueError, match="'extra' is already registered"):
+        registry.register_table("extra", order=99, files=lambda cfg: [])(write_extra)
+    with pytest.raises(ValueError, match="order 45 of the tables is taken by 'extra'"):
+        registry.register_table("other", order=45, files=lambda cfg: [])(write_extra)
+
+
 def test_a_path_without_hive_keys_is_an_error(tmp_path, default_raw):
     cfg_file = write_yaml(tmp_path / "cfg.yaml", default_raw)
     (tmp_path / "flat").mkdir()
