@@ -1,7 +1,10 @@
 """Rewards and grading (METHODS §5): extract a final answer from a response and judge it.
 
 Public entry points: :func:`is_correct` (a bool), :func:`grade` (a :class:`Grade` with the
-extracted answer and the reason for a failure) and :func:`grade_many` (a batch).
+extracted answer and the reason for a failure) and :func:`grade_many` (a batch). grade_many runs
+the grader named by its ``grader`` argument from the registry of stages/core/rewards.py; the
+default, "verify", is the grading this docstring describes (:func:`verify_many`), and the other
+built-in, "math_dapo", is verl's DAPO reward.
 
 Extraction rules (:func:`extract_answer`)
 -----------------------------------------
@@ -91,11 +94,14 @@ class Grade:
     ``error`` is None when the answer was compared (right or wrong), else why it could not be:
     "no_answer", "answer_too_long", "timeout", "bad_gold: ...", "parse_error: ...",
     "worker_error: ..." or "internal_error: ...". A response with an error is never correct.
+    ``score`` is the grader's own reward when its grader is scored (math_dapo: ±1.0), else None
+    (the caller maps ``correct`` to a reward).
     """
 
     correct: bool
     extracted: str | None
     error: str | None = None
+    score: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -855,20 +861,11 @@ def _finish(pending: _Pending, rel_tol: float, timeout_s: float) -> Grade:
     return Grade(bool(verdict) and error is None, pending.extracted, error)
 
 
-def grade_many(
-    responses: Sequence[str],
-    golds: Sequence[str],
-    answer_types: Sequence[str] | str,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    *,
-    rel_tol: float = DEFAULT_REL_TOL,
-    max_workers: int = 1,
-) -> list[Grade]:
-    """Grade a batch; `answer_types` may be one type for all.
-
-    Each distinct (answer, gold) pair that needs math-verify is compared once, with its own
-    `timeout_s`; with `max_workers` > 1 that many comparisons run at once in separate workers.
-    """
+def _checked_types(
+    responses: Sequence[str], golds: Sequence[str], answer_types: Sequence[str] | str,
+    timeout_s: float,
+) -> Sequence[str]:
+    """`answer_types`, one per response, after checking the batch (ValueError when wrong)."""
     if isinstance(answer_types, str):
         answer_types = [answer_types] * len(responses)
     if not len(responses) == len(golds) == len(answer_types):
@@ -880,7 +877,25 @@ def grade_many(
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     for answer_type in set(answer_types):
         _check_answer_type(answer_type)
+    return answer_types
 
+
+def verify_many(
+    responses: Sequence[str],
+    golds: Sequence[str],
+    answer_types: Sequence[str] | str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    rel_tol: float = DEFAULT_REL_TOL,
+    max_workers: int = 1,
+) -> list[Grade]:
+    """The "verify" grader: grade a batch by this module's rules; `answer_types` may be one type
+    for all.
+
+    Each distinct (answer, gold) pair that needs math-verify is compared once, with its own
+    `timeout_s`; with `max_workers` > 1 that many comparisons run at once in separate workers.
+    """
+    answer_types = _checked_types(responses, golds, answer_types, timeout_s)
     results: list[Grade | _Pending] = []
     for response, gold, answer_type in zip(responses, golds, answer_types, strict=True):
         try:
@@ -901,6 +916,57 @@ def grade_many(
     return [done[r] if isinstance(r, _Pending) else r for r in results]
 
 
+def grade_many(
+    responses: Sequence[str],
+    golds: Sequence[str],
+    answer_types: Sequence[str] | str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    rel_tol: float = DEFAULT_REL_TOL,
+    max_workers: int = 1,
+    grader: Sequence[str] | str = "verify",
+) -> list[Grade]:
+    """Grade a batch with the registered `grader` (stages.core.rewards.GRADERS): one name for
+    all, or one per response (a pool mixing datasets); `answer_types` may be one type for all.
+
+    `rel_tol` and `max_workers` go to the graders that take them ("verify": see
+    :func:`verify_many`). A Grade of a scored grader carries its reward in ``score``. Raises
+    ValueError for an unknown grader (naming the registered ones), an answer type the grader
+    does not read, batch lengths that differ, or a grader that returns the wrong thing.
+    """
+    from stages.core.rewards import spec_of  # rewards imports this module at its top
+
+    answer_types = _checked_types(responses, golds, answer_types, timeout_s)
+    names = [grader] * len(responses) if isinstance(grader, str) else list(grader)
+    if len(names) != len(responses):
+        raise ValueError(f"lengths differ: {len(responses)} responses, {len(names)} graders")
+    # an unknown name is an error even in an empty batch
+    specs = {name: spec_of(name) for name in ([grader] if isinstance(grader, str) else names)}
+    batches: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        batches.setdefault(name, []).append(i)
+    for name, indices in batches.items():
+        if unread := {answer_types[i] for i in indices} - set(specs[name].answer_types):
+            raise ValueError(f"grader {name!r} reads answer types {specs[name].answer_types}, "
+                             f"got {sorted(unread)}")
+
+    options = {"rel_tol": rel_tol, "max_workers": max_workers}
+    grades: list[Grade | None] = [None] * len(responses)
+    for name, indices in batches.items():
+        spec = specs[name]
+        out = spec.fn([responses[i] for i in indices], [golds[i] for i in indices],
+                      [answer_types[i] for i in indices], timeout_s,
+                      **{key: options[key] for key in spec.options})
+        if len(out) != len(indices) or not all(isinstance(g, Grade) for g in out):
+            raise ValueError(f"grader {name!r} must return one Grade per response")
+        if any((g.score is None) == spec.scored for g in out):
+            raise ValueError(f"grader {name!r} is registered with scored={spec.scored}: its "
+                             f"Grades must {'all' if spec.scored else 'never'} carry a score")
+        for i, g in zip(indices, out, strict=True):
+            grades[i] = g
+    return grades
+
+
 def grade(
     response: str,
     gold: str,
@@ -908,9 +974,12 @@ def grade(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     *,
     rel_tol: float = DEFAULT_REL_TOL,
+    grader: str = "verify",
 ) -> Grade:
-    """Grade one response against its gold answer (see the module docstring for the rules)."""
-    return grade_many([response], [gold], [answer_type], timeout_s, rel_tol=rel_tol)[0]
+    """Grade one response against its gold answer with `grader` (by default the rules of the
+    module docstring)."""
+    return grade_many([response], [gold], [answer_type], timeout_s, rel_tol=rel_tol,
+                      grader=grader)[0]
 
 
 def is_correct(response: str, gold: str, answer_type: str) -> bool:
