@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -74,6 +75,9 @@ class HubSource(Strict):
     )
     levels: list[int] | None = Field(None, description="keep only these difficulty levels")
     limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
+    deduplicate: bool = Field(
+        False, description="keep the first record of each distinct question (DAPO-Math-17k's "
+        "common copy repeats every prompt 100 times)")
 
 
 class LocalSource(Strict):
@@ -87,6 +91,9 @@ class LocalSource(Strict):
     )
     levels: list[int] | None = Field(None, description="keep only these difficulty levels")
     limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
+    deduplicate: bool = Field(
+        False, description="keep the first record of each distinct question (DAPO-Math-17k's "
+        "common copy repeats every prompt 100 times)")
 
 
 Source = Annotated[GeneratedSource | HubSource | LocalSource, Field(discriminator="kind")]
@@ -102,6 +109,13 @@ class Dataset(Strict):
     max_response_tokens: int | None = Field(
         None, gt=0, description="training: generation limit of this dataset's prompts "
         "(default train.max_response_tokens)")
+    grader: Name = Field(
+        "verify", description="how its responses are graded, for training rewards and evaluation "
+        "alike (a registered grader, stages.core.rewards.GRADERS): verify = our extraction and "
+        "math-verify; math_dapo = verl's DAPO reward (+1/-1 on the 'Answer:' line)")
+    reported_as: str | None = Field(
+        None, description="benchmark: the papers' name for it (e.g. AIME'24), whose reported "
+        "numbers the tables print beside ours (stages.core.reported); None: none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +190,22 @@ class ModelSize(Strict):
     hub: HubModel | None = None
     gguf: GgufModel | None = None
     gpus: Gpus = Field(default_factory=Gpus, description="GPUs per rule for this size")
-    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism")
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism of the "
+                                      "rollout and evaluation jobs")
+    train_nodes: int = Field(1, gt=0, description="nodes of this size's training job (its "
+                             "workers split evenly over them)")
+    gpus_per_node: int | None = Field(
+        None, gt=0, description="training GPUs on each node (None: gpus.train / train_nodes); "
+        "gpus_per_node x train_nodes must equal gpus.train")
+    train_processes: int = Field(
+        1, gt=0, description="CPU training processes (gloo) when gpus.train is 0, split evenly "
+        "over train_nodes (tests and CPU runs; on GPUs there is one process per GPU)")
+    train_tensor_parallel_size: int = Field(
+        1, gt=0, description="vLLM tensor parallelism of the engine inside a training job: ranks "
+        "form groups of this size that share one engine (must divide gpus.train)")
+    gpu_memory_gb: float | None = Field(
+        None, gt=0, description="memory of one GPU of this size's jobs, GB; the memory plan "
+        "(python -m stages.plan) checks every GPU job against it (None: not checked)")
     lr: float | None = Field(None, gt=0, description="this size's training learning rate (default train.lr)")
     label: str | None = Field(None, description="name printed in tables (default: the key)")
 
@@ -189,6 +218,20 @@ class ModelSize(Strict):
         if self.source == "gguf" and self.gguf is None:
             raise ValueError("source 'gguf' needs the block 'gguf'")
         return self
+
+    def train_gpus_per_node(self) -> int:
+        """GPUs of the training job on each of its nodes (0 on CPU)."""
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        return self.gpus.train // self.train_nodes
+
+    def train_world(self) -> int:
+        """Processes of the training job: one per GPU, or train_processes on CPU."""
+        return self.gpus.train or self.train_processes
+
+    def train_processes_per_node(self) -> int:
+        """Processes the training job starts on each of its nodes."""
+        return self.train_world() // self.train_nodes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,6 +263,25 @@ class TokenStats(Strict):
         0.5, ge=0, le=1, description="token-statistics stage: a token is high-entropy when H "
         "exceeds this quantile of H over the file's tokens (ours; 0.5 = the median), for the share "
         "of high- and low-entropy tokens among ICT's picks")
+    ict_readings: bool = Field(
+        True, description="token-statistics stage: also score every labelled reading of ICT's "
+        "reference (the response's own sequence average, the group's pooled average, the group-step "
+        "mean leaving the response out) and a random 10% per response, and report their picks beside "
+        "the paper's statistics (the ict_readings table)")
+    early_positions: int = Field(
+        4, gt=0, description="token-statistics stage: the readings table reports the share of picks "
+        "among each response's first N positions (ours)")
+    overlap_top: float | None = Field(
+        0.2, gt=0, le=1, description="the 80/20 paper's overlap: the top fraction of positions by "
+        "entropy, under the base model and under each trained model on the same base-model "
+        "rollouts, and |A ∩ B| / |A| (one job per trained model; None: not computed)")
+
+
+class MethodEvaluate(Strict):
+    """What a method may change in the evaluation of its trained models (not the protocol)."""
+
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="generation limit of its evaluations (None: evaluate.max_new_tokens)")
 
 
 class Method(BaseModel):
@@ -242,6 +304,20 @@ class Method(BaseModel):
     paper_row: str | None = Field(
         None, description="the papers' reported row this method stands for, printed beside ours "
         "(a key of stages.core.reported.REPORTED_ROWS; None: no reported numbers)")
+    selection_scope: Literal["minibatch", "microbatch"] = Field(
+        "minibatch", description="where a selector that ranks positions across a batch ranks them: "
+        "minibatch = the whole optimizer mini-batch (every micro-batch and rank), on the scores "
+        "`rescore` says; microbatch = the released 80/20 code's: one micro-batch on one rank, "
+        "re-scored by the current policy in that gradient step's own forward pass, its loss the mean "
+        "over its own selected tokens scaled by its share of the rank's mini-batch sequences "
+        "(per-response selectors such as ICT's rule refuse it)")
+    train: dict[str, Any] = Field(
+        default_factory=dict, description="this method's changes to the `train` section, e.g. "
+        "{max_response_tokens: 29696} for the 80/20 paper's 29k run (validated as `train` is; the "
+        "training job's config hash follows them)")
+    evaluate: MethodEvaluate = Field(
+        default_factory=lambda: MethodEvaluate(), description="this method's changes to the "
+        "evaluation of its trained models")
 
     def selector_params(self) -> dict:
         """The selector's keyword parameters: the configured ones with the model's defaults."""
@@ -295,6 +371,9 @@ class Train(Strict):
         1.0, gt=0, le=1, description="rollout nucleus sampling: must be 1 (the ratio and the "
         "token statistics assume the full softmax the responses were sampled from)")
     max_response_tokens: int = Field(4096, gt=0, description="rollout generation limit")
+    max_prompt_tokens: int | None = Field(
+        None, gt=0, description="the longest training prompt allowed, in tokens: a longer one is "
+        "an error naming it, never cut (None: the model's positions are the only limit)")
     prompt_pool: int | None = Field(
         None, gt=0, description="train on the first N prompts of the prompt file only (None: all)"
     )
@@ -304,16 +383,61 @@ class Train(Strict):
         0.3, gt=0, lt=1, description="GPU memory share of the vLLM engine that shares the GPU with training"
     )
     loss: Loss = Field(default_factory=Loss)
-    dynamic_sampling: bool = Field(False, description="DAPO: drop groups with equal rewards")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: keep only groups whose correctness varies (not their reward), "
+        "sampling further generation batches until the step's groups are full")
+    dynamic_sampling_pool: Literal["ranks", "rank"] = Field(
+        "ranks", description="ranks: verl's DAPO trainer: kept groups are counted over all ranks and "
+        "accumulate over generation batches until prompts_per_step are kept, the surplus is dropped, "
+        "and a step that is still short after max_sampling_rounds generation batches stops the run "
+        "with an error; rank: each rank fills its own slots, and after max_sampling_rounds every "
+        "rank trains on as many groups as the rank with fewest kept (the step may be short)")
+    generation_batch_multiple: int = Field(
+        1, ge=1, description="dynamic sampling: prompts of one generation batch, as a multiple of "
+        "prompts_per_step (verl's gen_batch_size / train_batch_size; 3 in the DAPO recipe)")
     max_sampling_rounds: int = Field(
-        3, gt=0, description="DAPO: most sampling rounds per step to fill the batch with useful groups"
-    )
-    overlong_buffer: int | None = Field(None, gt=0, description="DAPO overlong penalty length")
-    reward_correct: float = Field(1.0, description="reward of a correct response")
-    reward_incorrect: float = Field(0.0, description="reward of an incorrect response")
+        10, ge=1, description="dynamic sampling: most generation batches per rollout step "
+        "(verl's max_num_gen_batches)")
+    overlong_buffer: int | None = Field(
+        None, gt=0, description="DAPO overlong penalty: the last this many tokens before the "
+        "response limit are penalised linearly (must be shorter than every response limit)")
+    overlong_penalty_factor: float = Field(
+        1.0, gt=0, description="DAPO overlong penalty: its largest size, reached at the limit "
+        "(added to the reward once, never to the correctness)")
+    reward_correct: float | None = Field(
+        None, description="reward of a correct response (None: 1; a scored grader such as "
+        "math_dapo gives its own, and refuses this key)")
+    reward_incorrect: float | None = Field(
+        None, description="reward of an incorrect response (None: 0; refused with a scored grader)")
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling against the sampler/trainer "
+        "mismatch: each selected token's policy-gradient term is weighted by "
+        "min(exp(logp_trainer_old - logp_sampler), tis_cap) (None: off)")
+    batch_invariant: bool = Field(
+        False, description="vLLM: VLLM_BATCH_INVARIANT=1, so a sequence's samples do not depend on "
+        "which others share its batch (slower kernels; see the docs)")
+    save_every: int | None = Field(
+        None, gt=0, description="save a Hugging Face checkpoint every N rollout steps, each "
+        "evaluated for the curves over steps (None: the final model only)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision (bfloat16: DeepSpeed bf16)")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
+    offload_params: bool = Field(False, description="DeepSpeed: parameters in CPU memory (ZeRO-3 only)")
+    offload_optimizer: bool = Field(
+        False, description="DeepSpeed: optimizer states in CPU memory (ZeRO 1-3)")
+    sequence_parallel: int = Field(
+        1, gt=0, description="DeepSpeed Ulysses sequence parallelism: ranks of one group split "
+        "each sequence (must divide the job's GPUs; not with eager attention)")
+    padding_free: bool = Field(
+        False, description="pack a micro-batch's sequences into one row with position ids "
+        "(variable-length attention), so it costs its tokens, not longest x sequences")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="the policy's attention kernel (transformers attn_implementation)")
     checkpoint_every: int = Field(10, gt=0, description="resume checkpoint every N steps")
+
+    def reward_values(self) -> tuple[float, float]:
+        """(reward of a correct, of an incorrect response) for graders that give no score."""
+        return (1.0 if self.reward_correct is None else self.reward_correct,
+                0.0 if self.reward_incorrect is None else self.reward_incorrect)
 
     @field_validator("top_p")
     @classmethod
@@ -335,8 +459,19 @@ class Train(Strict):
             raise ValueError(
                 "zero_stage: bfloat16 training needs ZeRO stage 1 or 2: only there does DeepSpeed "
                 "accumulate and reduce the gradients of bf16 parameters in float32")
-        if self.overlong_buffer is not None and self.overlong_buffer > self.max_response_tokens:
-            raise ValueError("overlong_buffer must not exceed max_response_tokens")
+        if self.overlong_buffer is not None and self.overlong_buffer >= self.max_response_tokens:
+            raise _FieldError("overlong_buffer", f"{self.overlong_buffer} is not shorter than "
+                            f"max_response_tokens ({self.max_response_tokens})")
+        if self.offload_params and self.zero_stage != 3:
+            raise _FieldError("offload_params", "offloading parameters needs zero_stage 3")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise _FieldError("offload_optimizer", "offloading optimizer states needs zero_stage 1-3")
+        if self.sequence_parallel > 1 and self.attn_implementation == "eager":
+            raise _FieldError("sequence_parallel", "Ulysses sequence parallelism needs sdpa or "
+                            "flash_attention_2 attention, not eager (train.attn_implementation)")
+        if self.padding_free and self.attn_implementation == "eager":
+            raise _FieldError("padding_free", "padding-free packing needs sdpa or flash_attention_2 "
+                            "attention, not eager (train.attn_implementation)")
         return self
 
 
@@ -355,11 +490,32 @@ class Evaluate(Strict):
     main_methods: list[Name] | None = Field(
         None, min_length=1, description="methods of the main table; other experiment methods form the ablation table (default: all)"
     )
+    headline: str = Field(
+        "pass@4", description="the main table's metric: pass@k (k in evaluate.k) or avg@n "
+        "(n = evaluate.n; the 80/20 paper's Acc@16 is avg@16, never pass@16)")
+    graders: list[Name] = Field(
+        default_factory=list, description="graders reported beside each benchmark's own "
+        "(datasets.<name>.grader), sample by sample (stages.core.rewards.GRADERS)")
+    curve_benchmarks: list[Name] | None = Field(
+        None, description="benchmarks of the checkpoints saved every train.save_every steps "
+        "(None: every experiment benchmark)")
+    batch_invariant: bool = Field(
+        False, description="vLLM: VLLM_BATCH_INVARIANT=1, so a problem's samples do not depend on "
+        "the batch it shares (slower kernels; see the docs)")
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> Evaluate:
         if not self.k or min(self.k) < 1 or max(self.k) > self.n:
-            raise ValueError(f"every k must be in [1, n={self.n}]")
+            raise _FieldError("k", f"every k must be in [1, n={self.n}]")
+        match = re.fullmatch(r"(pass|avg)@(\d+)", self.headline)
+        if match is None:
+            raise _FieldError("headline", f"{self.headline!r} is neither pass@k nor avg@n")
+        kind, number = match.group(1), int(match.group(2))
+        if kind == "pass" and number not in self.k:
+            raise _FieldError("headline", f"{self.headline} is not reported (evaluate.k = {self.k})")
+        if kind == "avg" and number != self.n:
+            raise _FieldError("headline", f"{self.headline}: avg@n is the mean over the n = "
+                              f"{self.n} samples per problem (evaluate.n)")
         return self
 
 
@@ -480,7 +636,12 @@ class Config(Strict):
                                     f"{m.tensor_parallel_size} GPUs of tensor parallelism, but "
                                     f"gpus.{rule} gives the {rule} job {have} ({rule}.backend is vllm)")
         for name, method in self.methods.items():
-            _check_method(name, method, self.train, name in exp.methods)
+            _check_method(name, method, self.train_for(name), name in exp.methods)
+        for size in exp.sizes:
+            _check_layout(size, self.models[size], self.train)
+        for i, name in enumerate(self.evaluate.curve_benchmarks or []):
+            if name not in exp.benchmarks:
+                raise _RefError(f"evaluate.curve_benchmarks.{i}", f"{name!r} is not in experiment.benchmarks")
         for rule in Resources.model_fields:
             spec = getattr(self.resources, rule)
             for size in getattr(spec, "sizes", {}):
@@ -489,6 +650,7 @@ class Config(Strict):
         for name, ds in self.datasets.items():
             if ds.template not in self.templates:
                 raise _RefError(f"datasets.{name}.template", f"unknown template {ds.template!r}")
+        _check_graders(self)
         for name, template in self.templates.items():
             if "{question}" not in template:
                 raise _RefError(f"templates.{name}", "a template must contain '{question}'")
@@ -504,6 +666,31 @@ class Config(Strict):
         ):
             names.insert(0, self.experiment.sft_dataset)
         return list(dict.fromkeys(names))
+
+    def train_for(self, method: str) -> Train:
+        """The `train` section a method trains with: `train` with `methods.<method>.train` applied."""
+        changes = self.methods[method].train
+        if not changes:
+            return self.train
+        merged = {**self.train.model_dump(), **changes}
+        if isinstance(changes.get("loss"), dict):
+            merged["loss"] = {**self.train.loss.model_dump(), **changes["loss"]}
+        try:
+            return Train.model_validate(merged)
+        except ValidationError as err:
+            e = err.errors()[0]
+            loc = ".".join(str(p) for p in e["loc"])
+            ctx = e.get("ctx", {}).get("error")
+            if isinstance(ctx, _FieldError):
+                loc, msg = ctx.field, ctx.message
+            else:
+                msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+            raise _RefError(f"methods.{method}.train" + (f".{loc}" if loc else ""), msg) from None
+
+    def for_method(self, method: str) -> Config:
+        """This config as one method's training job reads it: `train` is train_for(method)."""
+        train = self.train_for(method)
+        return self if train is self.train else self.model_copy(update={"train": train})
 
     def section_hash(self, *keys: str) -> str:
         """Stable hash of the named parts of the config ('datasets/gsm8k', 'models/qwen2.5-7b').
@@ -526,6 +713,15 @@ def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None
         key = ".".join(str(p) for p in e["loc"])
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
         raise _RefError(f"methods.{name}.{key}", msg) from None
+    if method.selection_scope == "microbatch":
+        from .core.selectors import spec_of
+
+        if spec_of(method.selector).per_response(method.params()):
+            raise _RefError(f"methods.{name}.selection_scope",
+                            f"'microbatch' ranks positions across one micro-batch; selector "
+                            f"{method.selector!r} with these parameters ranks each response's own "
+                            "positions (against its group), which a micro-batch may split: use "
+                            "'minibatch'")
     if in_run and method.warmup_steps >= train.steps:
         raise _RefError(f"methods.{name}.warmup_steps",
                         f"a dense warm-up of {method.warmup_steps} steps is not shorter than the "
@@ -536,6 +732,59 @@ def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None
         if method.paper_row not in REPORTED_ROWS:
             raise _RefError(f"methods.{name}.paper_row",
                             f"unknown reported row {method.paper_row!r}; known: {sorted(REPORTED_ROWS)}")
+
+
+def _check_graders(cfg: Config) -> None:
+    """Graders exist; a training dataset's scored grader gives the reward, so the config's own
+    reward values (train.reward_correct / reward_incorrect) must be left unset."""
+    from .core.rewards import GRADERS
+
+    def known(key: str, name: str) -> None:
+        if name not in GRADERS:
+            raise _RefError(key, f"unknown grader {name!r}; registered: {sorted(GRADERS)}")
+
+    for name, ds in cfg.datasets.items():
+        known(f"datasets.{name}.grader", ds.grader)
+    for i, name in enumerate(cfg.evaluate.graders):
+        known(f"evaluate.graders.{i}", name)
+    scored = [d for d in cfg.experiment.train_datasets if GRADERS[cfg.datasets[d].grader].scored]
+    if not scored:
+        return
+    grader = cfg.datasets[scored[0]].grader
+    sections = [("train", cfg.train.model_dump())] + [
+        (f"methods.{m}.train", cfg.methods[m].train) for m in cfg.experiment.methods]
+    for where, section in sections:
+        for key in ("reward_correct", "reward_incorrect"):
+            if section.get(key) is not None:
+                raise _RefError(f"{where}.{key}", f"grader {grader!r} of datasets.{scored[0]} gives "
+                                "its own reward (a scored grader); leave train.reward_correct and "
+                                "train.reward_incorrect unset")
+
+
+def _check_layout(size: str, model: ModelSize, train: Train) -> None:
+    """A training job's GPUs split over its nodes, its engine groups and its sequence groups."""
+    gpus = model.gpus.train
+    key = f"models.{size}"
+    if gpus and model.train_processes != 1:
+        raise _RefError(f"{key}.train_processes", "CPU processes apply when gpus.train is 0; on "
+                        "GPUs the job runs one process per GPU")
+    if model.gpus_per_node is not None and model.gpus_per_node * model.train_nodes != gpus:
+        raise _RefError(f"{key}.gpus_per_node",
+                        f"{model.gpus_per_node} GPUs per node x {model.train_nodes} nodes "
+                        f"(train_nodes) does not add up to gpus.train ({gpus})")
+    world = model.train_world()
+    if world % model.train_nodes:
+        raise _RefError(f"{key}.train_nodes", f"the training job's {world} "
+                        f"{'GPUs (gpus.train)' if gpus else 'processes (train_processes)'} do not "
+                        f"split evenly over {model.train_nodes} nodes")
+    if world % model.train_tensor_parallel_size:
+        raise _RefError(f"{key}.train_tensor_parallel_size",
+                        f"{model.train_tensor_parallel_size} does not divide the training job's "
+                        f"{world} GPU(s) (gpus.train)")
+    if world % train.sequence_parallel:
+        raise _RefError("train.sequence_parallel",
+                        f"{train.sequence_parallel} does not divide the {world} GPU(s) of "
+                        f"models.{size}.gpus.train")
 
 
 def import_selector_modules(names: list, source: str) -> None:
@@ -572,9 +821,20 @@ def import_selector_modules(names: list, source: str) -> None:
 
 
 class _RefError(ValueError):
+    """An error of the whole config at a dotted key."""
+
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
         self.key = key
+        self.message = message
+
+
+class _FieldError(ValueError):
+    """An error of one field of a section, raised by the section's own validator."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
         self.message = message
 
 
@@ -605,6 +865,8 @@ def validate(raw: Any, source: str) -> Config:
             ctx = e.get("ctx", {}).get("error")
             if isinstance(ctx, _RefError):
                 key, msg = ctx.key, ctx.message
+            elif isinstance(ctx, _FieldError):
+                key, msg = f"{key}.{ctx.field}" if key != "(top level)" else ctx.field, ctx.message
             else:
                 msg = e["msg"].removeprefix("Value error, ")
                 if e["type"] == "extra_forbidden":

@@ -10,8 +10,19 @@ stages.core.stats. The hidden states stay on the CPU; the statistics move them t
 device block by block. `ict_u` is ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t), the groups being
 the responses of one problem_id and t the response position (METHODS §3). The whole file is one
 selection scope: `jsd` is the deviation from the file's mean distribution (computed, and non-null,
-only when a reported selector needs it) and the `sel_*` columns are the tokens each selector would
-update, with the experiment's parameters.
+only when a reported selector or the readings need it) and the `sel_*` columns are the tokens each
+selector would update, with the experiment's parameters.
+
+With token_stats.ict_readings (the default) the stage also scores the readings of ICT's reference
+that the summaries leave open (ours, labelled, never ICT; METHODS §3): `u_response_mean`,
+`u_group_pooled`, `u_group_loo` and their picks `sel_ict_response_mean`, `sel_ict_group_pooled`,
+`sel_ict_group_loo` (the top ceil(ρ·T_i) of each response, ρ of the experiment's ICT method), the
+picks of our earlier token_id and scope_position readings (`sel_ict_token_id`,
+`sel_ict_scope_position`, the file as their scope, by `jsd`), and a random 10% of each response
+(`sel_random10_response`, seeded with the config's seed). readings.parquet (and summary.json's
+"ict_readings") profiles the picks of every reading beside what the paper reports of its picks
+(probability 0.18 ± 0.09, high/low-entropy ratio about 1). Without it the new columns are null and
+readings.parquet holds the paper's rule alone.
 """
 
 from __future__ import annotations
@@ -30,8 +41,13 @@ from .core import plots
 from .core.io import ArtifactError, provenance, read_parquet, write_json, write_parquet
 from .core.losses import group_advantages
 from .core.modeling import load_model_and_tokenizer
+from .core.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB, ICT_SOURCE
+from .core.scorer import DEVIATIONS, deviation, self_weight
 from .core.scoring import response_hidden, trunk_and_head
 from .core.selectors import (
+    ICT_LABELS,
+    ICT_SCORES,
+    ICT_VARIANTS,
     SelectionInput,
     grid,
     linear_quantile,
@@ -39,15 +55,34 @@ from .core.selectors import (
     spec_of,
     valid_grid,
 )
-from .core.stats import chunked_token_statistics, group_step_jsd
+from .core.stats import CEILING_RTOL, at_ceiling, chunked_token_statistics
 from .rollout import ROLLOUT_SCHEMA
 
-STAGE_VERSION = "2"
+STAGE_VERSION = "3"
 
 # The three selectors the stage reports, by the column they fill; parameters are those of the
 # first experiment method using that selector, else the selector's registered defaults.
 REPORTED = {"entropy20": "entropy_top", "stapo": "stapo", "ict": "ict"}
 TOP_TOKENS = 20
+# The readings of ICT's reference beside the paper's rule (ours, never ICT), by variant: the
+# statistic each ranks by (its u column: u_<statistic without _jsd>).
+READINGS = {v: stat for v, stat in ICT_SCORES.items() if v != "paper"}
+RANDOM_CONTROL = "random10_response"
+RANDOM_CONTROL_RHO = 0.1  # the paper's "random 10%" control, drawn per response like ICT's picks
+RANDOM_CONTROL_LABEL = "random 10% per response (control)"
+PICK_COLUMNS = {
+    **{v: f"sel_ict_{stat.removesuffix('_jsd')}" for v, stat in READINGS.items()},
+    "token_id": "sel_ict_token_id",
+    "scope_position": "sel_ict_scope_position",
+    RANDOM_CONTROL: f"sel_{RANDOM_CONTROL}",
+}
+"""The token table's column of each reading's picks but the paper rule's (sel_ict)."""
+
+
+def u_column(statistic: str) -> str:
+    """response_mean_jsd -> u_response_mean: the token table's column of a reading's u."""
+    return "u_" + statistic.removesuffix("_jsd")
+
 
 TOKEN_SCHEMA = pa.schema(
     [
@@ -60,11 +95,42 @@ TOKEN_SCHEMA = pa.schema(
         pa.field("renyi2", pa.float32(), nullable=False),
         pa.field("jsd", pa.float32(), nullable=True),  # null unless a reported selector needs it
         pa.field("ict_u", pa.float32(), nullable=False),
+        # the readings' deviations and picks: null unless token_stats.ict_readings
+        *[pa.field(u_column(s), pa.float32(), nullable=True) for s in READINGS.values()],
         pa.field("max_prob", pa.float32(), nullable=False),
         pa.field("advantage", pa.float32(), nullable=False),
         pa.field("sel_entropy20", pa.bool_(), nullable=False),
         pa.field("sel_stapo", pa.bool_(), nullable=False),
         pa.field("sel_ict", pa.bool_(), nullable=False),
+        *[pa.field(column, pa.bool_(), nullable=True) for column in PICK_COLUMNS.values()],
+    ]
+)
+
+READINGS_SCHEMA = pa.schema(
+    [
+        pa.field("reading", pa.string(), nullable=False),  # an ict variant, or random10_response
+        pa.field("label", pa.string(), nullable=False),  # only the paper's rule is called ICT
+        pa.field("rho", pa.float64(), nullable=False),
+        pa.field("picks", pa.int64(), nullable=False),
+        pa.field("picks_share", pa.float64(), nullable=False),  # of the file's tokens
+        pa.field("prob_mean", pa.float64(), nullable=True),  # p of the sampled token
+        pa.field("prob_sd", pa.float64(), nullable=True),  # sample sd
+        pa.field("max_prob_mean", pa.float64(), nullable=True),
+        pa.field("entropy_mean", pa.float64(), nullable=True),  # nats
+        pa.field("high_low_ratio", pa.float64(), nullable=True),  # high- / low-entropy picks
+        pa.field("high_share", pa.float64(), nullable=True),
+        # whose u and reference the ceiling share uses: the reading's own, or the paper rule's
+        # (for the random control and the token_id and scope_position readings)
+        pa.field("ceiling_of", pa.string(), nullable=False),
+        pa.field("ceiling_share", pa.float64(), nullable=True),  # u ≥ c(w)·(1 − 1e-3)
+        pa.field("early_share", pa.float64(), nullable=True),  # among the first early_positions
+        pa.field("eot_share", pa.float64(), nullable=True),  # a stopped response's last token
+        # what the paper reports of its picks, on the paper rule's row only
+        pa.field("reported_prob_mean", pa.float64(), nullable=True),
+        pa.field("reported_prob_sd", pa.float64(), nullable=True),
+        pa.field("reported_high_low_ratio", pa.float64(), nullable=True),  # GSM8K
+        pa.field("reported_high_low_ratio_math", pa.float64(), nullable=True),
+        pa.field("reported_source", pa.string(), nullable=True),
     ]
 )
 
@@ -142,31 +208,49 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
     hidden = response_hidden(model, prompts, responses, tokenizer.pad_token_id,
                              desc="teacher forcing")  # (N, D) on the CPU, model dtype
     token_ids = torch.tensor(list(itertools.chain.from_iterable(responses)))  # (N,)
+    readings = ts.ict_readings
+    # the readings rank by their deviations, and token_id and scope_position by jsd
+    reading_needs = {"group_jsd"} | ({*READINGS.values(), "jsd", "token_ids"} if readings else set())
+    wanted = needed | reading_needs
     stats = chunked_token_statistics(hidden, weight, token_ids, temperature, head_bias=bias,
-                                      jsd="jsd" in needed, **chunks)
+                                      jsd="jsd" in wanted, **chunks)
     # ICT's groups: the responses of one problem; its steps: the response positions
     group = group_index(frame)  # (B,)
-    width = max(lengths)
-    positions = torch.cat([torch.arange(k) for k in lengths])  # (N,)
-    keys = group.repeat_interleave(torch.tensor(lengths)) * width + positions  # (N,)
-    ict_u = group_step_jsd(hidden, weight, keys, temperature, head_bias=bias,
-                           logsumexp=stats["logsumexp"], **chunks).float().cpu()  # (N,)
+    groups = group.tolist()
+    deviations = {}  # (N,) in the compute dtype (float64 for a float64 model), as ranked
+    for name in (n for n in DEVIATIONS if n in wanted):
+        cli.log.info("scoring %s", name)
+        deviations[name] = deviation(name, hidden, weight, groups, lengths, temperature,
+                                     head_bias=bias, logsumexp=stats["logsumexp"], **chunks).cpu()
     del hidden
-    stats = {k: v.float().cpu() for k, v in stats.items()}
+    stats = {k: v.cpu() for k, v in stats.items()}
+    # what the selectors rank: the compute dtype, so that a float64 run ranks float64 values
+    per_token = {**stats, **deviations, "token_ids": token_ids}
+    stats = {k: v.float() for k, v in stats.items()}
+    ict_u = deviations["group_jsd"].float()
+    positions = torch.cat([torch.arange(k) for k in lengths])  # (N,)
 
     rewards = torch.tensor(frame["reward"].to_list(), dtype=torch.float64)
     adv = group_advantages(rewards, group).float()  # (B,)
     valid = valid_grid(lengths)  # (B, T)
-    # exactly what the reported selectors read
-    per_token = {**stats, "group_jsd": ict_u, "token_ids": token_ids}
+    # exactly what the reported selectors and the readings read
     inp = SelectionInput(valid=valid, **{
-        name: adv if name == "advantages" else grid(per_token[name], lengths) for name in needed
+        name: adv if name == "advantages" else grid(per_token[name], lengths) for name in wanted
     })
     masks = {col: select_tokens(REPORTED[col], inp, **params[col])[valid] for col in REPORTED}
+    rho = params["ict"]["rho"]
+    picks = reading_picks(inp, rho, readings, cfg.seed)
+    finished = [r == "stop" for r in frame["finish_reason"].to_list()]
+    rows = readings_rows(picks, stats, deviations, groups, lengths, finished, rho,
+                         quantile=ts.high_entropy_quantile, early_positions=ts.early_positions)
 
     texts = {i: tokenizer.decode([i]) for i in token_ids.unique().tolist()}
     n = len(token_ids)
     jsd = stats["jsd"].numpy() if "jsd" in stats else [None] * n
+
+    def nullable(values: torch.Tensor | None, name: str, dtype) -> pl.Series:
+        return pl.Series(name, [None] * n if values is None else values.numpy(), dtype=dtype)
+
     table = pl.DataFrame({
         "sample_id": [s for s, k in zip(frame["sample_id"], lengths, strict=True) for _ in range(k)],
         "position": positions.numpy(),
@@ -177,9 +261,14 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
         "renyi2": stats["renyi2"].numpy(),
         "jsd": pl.Series("jsd", jsd, dtype=pl.Float32),
         "ict_u": ict_u.numpy(),
+        **{u_column(s): nullable(deviations[s].float() if s in deviations else None, u_column(s),
+                                 pl.Float32)
+           for s in READINGS.values()},
         "max_prob": stats["max_prob"].numpy(),
         "advantage": adv.repeat_interleave(torch.tensor(lengths)).numpy(),
         **{f"sel_{col}": masks[col].numpy() for col in REPORTED},
+        **{column: nullable(picks.get(name), column, pl.Boolean)
+           for name, column in PICK_COLUMNS.items()},
     })
 
     h = stats["entropy"]
@@ -197,6 +286,10 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
         "logprob_mean": float(stats["logprob"].mean()),
         **ict_profile(h, stats["logprob"], masks["ict"], ts.high_entropy_quantile),
         "selector_params": params,
+        "ict_readings": rows,
+        "ict_readings_params": {"rho": rho, "random_rho": RANDOM_CONTROL_RHO, "seed": cfg.seed,
+                                "early_positions": ts.early_positions,
+                                "ceiling_rtol": CEILING_RTOL},
         **{f"selected_fraction_{col}": float(masks[col].float().mean()) for col in REPORTED},
         **{f"jaccard_{a}_{b}": jaccard(masks[a], masks[b])
            for a, b in itertools.combinations(REPORTED, 2)},
@@ -208,6 +301,103 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
     return table, summary
 
 
+def reading_picks(inp: SelectionInput, rho: float, readings: bool, seed: int) -> dict[str, torch.Tensor]:
+    """(N,) picks of every ICT variant (the paper's rule alone without `readings`) at ρ, and of a
+    random RANDOM_CONTROL_RHO of each response seeded with `seed`, by reading name."""
+    valid = inp.valid
+    picks = {v: select_tokens("ict", inp, rho=rho, variant=v)[valid]
+             for v in (ICT_VARIANTS if readings else ("paper",))}
+    if readings:
+        picks[RANDOM_CONTROL] = select_tokens("random", inp, rho=RANDOM_CONTROL_RHO,
+                                              scope="response", seed=seed)[valid]
+    return picks
+
+
+def readings_rows(picks: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
+                  deviations: dict[str, torch.Tensor], groups: list[int], lengths: list[int],
+                  finished: list[bool], rho: float, *, quantile: float,
+                  early_positions: int) -> list[dict]:
+    """One READINGS_SCHEMA row per reading of `picks` ((N,) bool each).
+
+    stats: the file's per-token entropy, logprob, max_prob (N,); deviations: u (N,) by
+    statistic (group_jsd always, the readings' when scored); finished (B,): the response ended
+    on its stop token (finish_reason 'stop'). High-entropy: H above the `quantile` of H over the
+    file; early: among a response's first `early_positions`. The ceiling share of a reading uses
+    its own u and reference weight; the random control and the token_id and scope_position
+    readings, which have no reference of their own, use the paper rule's (ceiling_of says
+    which)."""
+    threshold = float(linear_quantile(stats["entropy"].double(), quantile))
+    sizes = torch.tensor(lengths)
+    positions = torch.cat([torch.arange(k) for k in lengths])  # (N,)
+    eot = (positions == sizes.repeat_interleave(sizes) - 1) & torch.tensor(
+        finished, dtype=torch.bool).repeat_interleave(sizes)  # (N,) a stopped response's end
+    ceilings = {v: at_ceiling(deviations[s], self_weight(s, groups, lengths))
+                for v, s in ICT_SCORES.items() if s in deviations}
+    prob = stats["logprob"].double().exp()
+    return [
+        {"reading": name,
+         "label": ICT_LABELS.get(name, RANDOM_CONTROL_LABEL),
+         "rho": RANDOM_CONTROL_RHO if name == RANDOM_CONTROL else rho,
+         **pick_profile(picked, prob, stats["max_prob"], stats["entropy"], threshold,
+                        ceiling=ceilings.get(name, ceilings["paper"]),
+                        early=positions < early_positions, eot=eot),
+         "ceiling_of": name if name in ceilings else "paper",
+         **reported_columns(name)}
+        for name, picked in picks.items()
+    ]
+
+
+def pick_profile(picked: torch.Tensor, prob: torch.Tensor, max_prob: torch.Tensor | None,
+                 entropy: torch.Tensor, threshold: float, *, ceiling: torch.Tensor | None = None,
+                 early: torch.Tensor | None = None, eot: torch.Tensor | None = None) -> dict:
+    """What the picks of a rule look like, for comparison with what ICT's paper reports of its
+    own (probability 0.18 ± 0.09; about half high-, half low-entropy).
+
+    All (N,) over the file's tokens: picked (bool), prob (p of the sampled token), max_prob,
+    entropy (nats), and the bool properties whose share among the picks is reported: ceiling
+    (u at its ceiling), early (among a response's first positions), eot (a stopped response's
+    final token). High-entropy: H > threshold. sd is the sample standard deviation; a value
+    without the picks it needs is None (no high/low ratio without a low-entropy pick)."""
+    k = int(picked.sum())
+    high = int((entropy[picked] > threshold).sum())
+
+    def share(flags: torch.Tensor | None) -> float | None:
+        return int((flags & picked).sum()) / k if k and flags is not None else None
+
+    def mean(values: torch.Tensor | None) -> float | None:
+        return float(values[picked].double().mean()) if k and values is not None else None
+
+    return {
+        "picks": k,
+        "picks_share": k / picked.numel() if picked.numel() else 0.0,
+        "prob_mean": mean(prob),
+        "prob_sd": float(prob[picked].double().std()) if k > 1 else None,
+        "max_prob_mean": mean(max_prob),
+        "entropy_mean": mean(entropy),
+        "high_low_ratio": high / (k - high) if k - high else None,
+        "high_share": high / k if k else None,
+        "ceiling_share": share(ceiling),
+        "early_share": share(early),
+        "eot_share": share(eot),
+    }
+
+
+def reported_columns(reading: str) -> dict:
+    """The reported_* columns of a readings row: what ICT's paper reports of its picks, on the
+    paper rule's row only (stages.core.reported)."""
+    mine = reading == "paper"
+    prob_mean, prob_sd = ICT_SELECTED_PROB
+    return {
+        "reported_prob_mean": prob_mean if mine else None,
+        "reported_prob_sd": prob_sd if mine else None,
+        "reported_high_low_ratio": ICT_HIGH_LOW_RATIO["GSM8K"] if mine else None,
+        "reported_high_low_ratio_math": ICT_HIGH_LOW_RATIO["MATH"] if mine else None,
+        "reported_source": (f"{ICT_SOURCE}: selected tokens' probability {prob_mean} ± {prob_sd}; "
+                            f"high/low-entropy ratio {ICT_HIGH_LOW_RATIO['GSM8K']} (GSM8K), "
+                            f"{ICT_HIGH_LOW_RATIO['MATH']} (MATH)") if mine else None,
+    }
+
+
 def ict_profile(entropy: torch.Tensor, logprob: torch.Tensor, picked: torch.Tensor,
                 quantile: float) -> dict:
     """What the ICT paper reports of its picks: the share of high- and low-entropy tokens among
@@ -217,17 +407,16 @@ def ict_profile(entropy: torch.Tensor, logprob: torch.Tensor, picked: torch.Tens
     H over all N tokens (the threshold is ours). sd is the sample standard deviation; a value
     without the tokens it needs is None."""
     threshold = float(linear_quantile(entropy.double(), quantile))
-    k = int(picked.sum())
-    high = int((entropy[picked] > threshold).sum())
-    prob = logprob[picked].double().exp()
+    prof = pick_profile(picked, logprob.double().exp(), None, entropy, threshold)
+    high = prof["high_share"]
     return {
         "high_entropy_quantile": quantile,
         "high_entropy_threshold": threshold,
-        "ict_high_entropy_share": high / k if k else None,
-        "ict_low_entropy_share": (k - high) / k if k else None,
-        "ict_high_low_ratio": high / (k - high) if k - high else None,
-        "ict_prob_mean": float(prob.mean()) if k else None,
-        "ict_prob_sd": float(prob.std()) if k > 1 else None,
+        "ict_high_entropy_share": high,
+        "ict_low_entropy_share": None if high is None else 1.0 - high,
+        "ict_high_low_ratio": prof["high_low_ratio"],
+        "ict_prob_mean": prof["prob_mean"],
+        "ict_prob_sd": prof["prob_sd"],
     }
 
 
@@ -276,7 +465,8 @@ def main(args, cfg: Config) -> None:
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
     frame = read_parquet(args.rollouts, ROLLOUT_SCHEMA)
-    if "group_jsd" in reported_needs(reported_params(cfg))["ict"]:
+    group_needs = {"group_jsd", "group_pooled_jsd", "group_loo_jsd"}
+    if cfg.token_stats.ict_readings or group_needs & reported_needs(reported_params(cfg))["ict"]:
         check_groups(frame, args.rollouts)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=getattr(torch, cfg.token_stats.dtype),
@@ -293,11 +483,20 @@ def main(args, cfg: Config) -> None:
     write_parquet(table, out_dir / "tokens.parquet", TOKEN_SCHEMA, prov)
     row = {"size": args.size, **{k: summary[k] for k in summary_schema().names if k != "size"}}
     write_parquet([row], out_dir / "summary.parquet", summary_schema(), prov)
+    write_parquet(summary["ict_readings"], out_dir / "readings.parquet", READINGS_SCHEMA, prov)
     write_json(out_dir / "summary.json", {"size": args.size, **summary, "provenance": prov})
     cli.log.info("%s: %d tokens, H<0.01 %.3f, p80 H %.3f, mean u %.4f, selected: %s", args.size,
                  summary["tokens"], summary["frac_entropy_below_0.01"], summary["entropy_p80"],
                  summary["ict_u_mean"],
                  ", ".join(f"{c} {summary[f'selected_fraction_{c}']:.3f}" for c in REPORTED))
+    for r in summary["ict_readings"]:
+        cli.log.info("%s: %d picks, p %s, high/low %s, at the ceiling %s", r["label"], r["picks"],
+                     _fmt(r["prob_mean"]) + " ± " + _fmt(r["prob_sd"]), _fmt(r["high_low_ratio"]),
+                     _fmt(r["ceiling_share"]))
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

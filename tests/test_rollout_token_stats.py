@@ -7,17 +7,21 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
+import yaml
 
 from stages.config import load_config
 from stages.core.backends import SamplingSettings, generate
-from stages.core.io import provenance, write_parquet
+from stages.core.io import provenance, read_parquet, write_parquet
 from stages.core.losses import group_advantages
+from stages.core.modeling import load_model_and_tokenizer
 from stages.core.problems import generate_arithmetic
 from stages.core.scoring import pack, response_hidden
 from stages.core.stats import _Source, chunked_token_statistics, group_step_jsd, token_statistics
+from stages.rollout import ROLLOUT_SCHEMA
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
 
 
@@ -142,8 +146,9 @@ def test_token_stats_stage(rolled, staged):
     assert tokens.schema["ict_u"] == pl.Float32
     assert ((tokens["renyi2"] <= tokens["entropy"] + 1e-5) & (tokens["renyi2"] >= 0)).all()
     assert ((tokens["ict_u"] >= 0) & (tokens["ict_u"] <= math.log(2) + 1e-6)).all()
-    # no reported selector reads the deviation from the file's mean here: it is not computed
-    assert tokens["jsd"].null_count() == n
+    # no reported selector reads the deviation from the file's mean here, but the token_id and
+    # scope_position readings do (token_stats.ict_readings: on by default)
+    assert tokens["jsd"].null_count() == 0
     assert ((tokens["logprob"] <= 0) & (tokens["max_prob"] <= 1)).all()
     assert tokens["sel_entropy20"].sum() == math.ceil(0.2 * n)
     # the picks are the highest-entropy tokens
@@ -156,7 +161,7 @@ def test_token_stats_stage(rolled, staged):
     # the experiment's ict method (config/test.yaml: rho 0.1, the paper's rule)
     assert summary["selector_params"]["ict"] == {"rho": 0.1, "variant": "paper", "part": "unique"}
     assert summary["selector_params"]["entropy20"] == {"rho": 0.2}  # no such method: defaults
-    assert summary["jsd_mean"] is None
+    assert summary["jsd_mean"] == pytest.approx(float(tokens["jsd"].mean()), rel=1e-5)
     assert SUMMARY_KEYS <= set(summary)
     assert summary["ict_u_mean"] == pytest.approx(float(tokens["ict_u"].mean()), rel=1e-5)
     assert summary["high_entropy_quantile"] == 0.5
@@ -177,10 +182,201 @@ def test_token_stats_stage(rolled, staged):
         assert [c for _, c in top] == sorted((c for _, c in top), reverse=True)
     row = pl.read_parquet(out / "summary.parquet")
     assert row.height == 1 and SUMMARY_KEYS <= set(row.columns)
-    assert row["jsd_mean"].null_count() == 1
     for f in ("entropy_hist.png", "top_tokens.png"):
         assert (out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<span class='tok" in (out / "tokens.html").read_text()
+
+
+READING_NAMES = ["paper", "response_mean", "group_pooled", "group_leave_one_out", "token_id",
+                 "scope_position", "random10_response"]
+PICKS = {"paper": "sel_ict", "response_mean": "sel_ict_response_mean",
+         "group_pooled": "sel_ict_group_pooled", "group_leave_one_out": "sel_ict_group_loo",
+         "token_id": "sel_ict_token_id", "scope_position": "sel_ict_scope_position",
+         "random10_response": "sel_random10_response"}
+
+
+def test_token_stats_readings(rolled, staged):
+    """readings.parquet: one row per reading, its profile computed from the token table's picks;
+    the paper's reported figures on the paper rule's row only."""
+    from stages.core.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB
+    from stages.token_stats import READINGS_SCHEMA, TOKEN_SCHEMA
+
+    tokens = pl.read_parquet(staged / "tokens.parquet")
+    assert tokens.columns == TOKEN_SCHEMA.names
+    for column in ("u_response_mean", "u_group_pooled", "u_group_loo"):
+        assert tokens.schema[column] == pl.Float32 and tokens[column].null_count() == 0
+        assert ((tokens[column] >= 0) & (tokens[column] <= math.log(2) + 1e-6)).all()
+    readings = pl.read_parquet(staged / "readings.parquet")
+    assert readings.columns == READINGS_SCHEMA.names
+    assert readings["reading"].to_list() == READING_NAMES
+    labels = dict(zip(readings["reading"], readings["label"], strict=True))
+    assert labels["paper"] == "ICT (paper's rule)"
+    assert all(labels[r].endswith("(ours, not ICT)") for r in READING_NAMES[1:6])
+    assert "random" in labels["random10_response"]
+    rollouts = pl.read_parquet(rolled)
+    lengths = rollouts["response_token_ids"].list.len().to_list()
+    per_response = sum(math.ceil(0.1 * k) for k in lengths)
+    threshold = float(tokens["entropy"].quantile(0.5, "linear"))
+    stopped = rollouts["finish_reason"].to_numpy() == "stop"
+    last = tokens["position"].to_numpy() == np.repeat(np.array(lengths) - 1, lengths)
+    eot = last & np.repeat(stopped, lengths)
+    summary = json.loads((staged / "summary.json").read_text())
+    assert summary["ict_readings"] == readings.to_dicts()
+    for row in readings.iter_rows(named=True):
+        picked = tokens.filter(pl.col(PICKS[row["reading"]]))
+        k = picked.height
+        assert row["picks"] == k and row["picks_share"] == pytest.approx(k / tokens.height)
+        if row["reading"] not in ("token_id", "scope_position"):  # ceil(ρ·T_i) of each response
+            assert k == per_response
+        assert row["rho"] == 0.1
+        prob = picked["logprob"].cast(pl.Float64).exp()
+        assert row["prob_mean"] == pytest.approx(float(prob.mean()), rel=1e-6)
+        assert row["prob_sd"] == pytest.approx(float(prob.std()), rel=1e-5)
+        assert row["max_prob_mean"] == pytest.approx(float(picked["max_prob"].mean()), rel=1e-6)
+        assert row["entropy_mean"] == pytest.approx(float(picked["entropy"].mean()), rel=1e-5)
+        high = int((picked["entropy"] > threshold).sum())
+        assert row["high_share"] == pytest.approx(high / k)
+        assert row["high_low_ratio"] == (pytest.approx(high / (k - high)) if k > high else None)
+        early = int((picked["position"] < 4).sum())
+        assert row["early_share"] == pytest.approx(early / k)
+        mask = tokens[PICKS[row["reading"]]].to_numpy()
+        assert row["eot_share"] == pytest.approx(int((mask & eot).sum()) / k)
+        assert 0 <= row["ceiling_share"] <= 1
+        own = row["reading"] in ("paper", "response_mean", "group_pooled", "group_leave_one_out")
+        assert row["ceiling_of"] == (row["reading"] if own else "paper")
+        if row["reading"] == "paper":
+            assert (row["reported_prob_mean"], row["reported_prob_sd"]) == ICT_SELECTED_PROB
+            assert row["reported_high_low_ratio"] == ICT_HIGH_LOW_RATIO["GSM8K"]
+            assert row["reported_high_low_ratio_math"] == ICT_HIGH_LOW_RATIO["MATH"]
+            assert "2606.19771" in row["reported_source"]
+        else:
+            assert all(row[c] is None for c in readings.columns if c.startswith("reported_"))
+    assert summary["ict_readings_params"] == {"rho": 0.1, "random_rho": 0.1, "seed": 0,
+                                              "early_positions": 4, "ceiling_rtol": 1e-3}
+
+
+def test_token_stats_readings_off(setup, rolled, tmp_path):
+    """token_stats.ict_readings false: the readings' columns are null and the readings table holds
+    the paper's rule alone."""
+    from stages.token_stats import compute
+
+    d, cfg_path = setup
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["token_stats"]["ict_readings"] = False
+    cfg = load_config(write_yaml(tmp_path / "cfg.yaml", raw))
+    model, tokenizer = load_model_and_tokenizer(d / "base.json", dtype=torch.float32)
+    table, summary = compute(cfg, model, tokenizer, read_parquet(rolled, ROLLOUT_SCHEMA))
+    for column in ("u_response_mean", "u_group_pooled", "u_group_loo", *PICKS.values()):
+        if column != "sel_ict":
+            assert table[column].null_count() == table.height, column
+    assert table["jsd"].null_count() == table.height  # nothing reads it without the readings
+    assert [r["reading"] for r in summary["ict_readings"]] == ["paper"]
+    assert summary["ict_readings"][0]["picks"] == int(table["sel_ict"].sum())
+
+
+def floor(u: list[float]) -> list[float]:
+    """group_step_jsd's documented resolution in float64: u below U_FLOOR_ULPS epsilons is 0."""
+    from stages.core.stats import U_FLOOR_ULPS
+
+    eps = U_FLOOR_ULPS * torch.finfo(torch.float64).eps
+    return [0.0 if x < eps else x for x in u]
+
+
+def top_per_response(u: list[float], rho: float = 0.1) -> list[bool]:
+    k = math.ceil(rho * len(u))
+    top = set(sorted(range(len(u)), key=lambda t: (-u[t], t))[:k])
+    return [t in top for t in range(len(u))]
+
+
+def test_readings_picks_equal_a_float64_recomputation(setup, rolled, tmp_path):
+    """compute() with token_stats.dtype float64 (and chunk_positions 4, so that the groups and
+    most responses are keys larger than a block): every reading's u and picks equal a float64
+    recomputation from materialised softmaxes, one response at a time, with explicit means; the
+    readings table's profile and ceiling shares follow from those picks."""
+    from stages.core.stats import jsd_ceiling
+    from stages.token_stats import compute
+
+    d, cfg_path = setup
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["token_stats"].update(dtype="float64", chunk_positions=4, chunk_vocab=100)
+    cfg = load_config(write_yaml(tmp_path / "cfg.yaml", raw))
+    frame = read_parquet(rolled, ROLLOUT_SCHEMA)
+    model, tokenizer = load_model_and_tokenizer(d / "base.json", dtype=torch.float64)
+    table, summary = compute(cfg, model, tokenizer, frame)
+
+    probs = []  # per response: (T_i, V) float64
+    with torch.no_grad():
+        for prompt, response in zip(frame["prompt_token_ids"], frame["response_token_ids"],
+                                    strict=True):
+            ids = torch.tensor([list(prompt) + list(response)])
+            logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) + len(response) - 1]
+            probs.append(torch.softmax(logits / 1.0, dim=-1))  # config/test.yaml's temperature
+    problems = frame["problem_id"].to_list()
+    group = {g: [i for i, x in enumerate(problems) if x == g] for g in dict.fromkeys(problems)}
+    u = {name: [] for name in ("paper", "response_mean", "group_pooled", "group_leave_one_out")}
+    weight = {name: [] for name in u}
+    for i, p in enumerate(probs):
+        mates = group[problems[i]]
+        pooled = torch.cat([probs[j] for j in mates]).mean(0)
+        n_pooled = sum(len(probs[j]) for j in mates)
+        own_mean = p.mean(0)
+        for t in range(len(p)):
+            active = [j for j in mates if len(probs[j]) > t]
+            others = [j for j in active if j != i]
+            u["paper"].append(jsd64(p[t], torch.stack([probs[j][t] for j in active]).mean(0)))
+            u["response_mean"].append(jsd64(p[t], own_mean))
+            u["group_pooled"].append(jsd64(p[t], pooled))
+            u["group_leave_one_out"].append(
+                jsd64(p[t], torch.stack([probs[j][t] for j in others]).mean(0)) if others else 0.0)
+            weight["paper"].append(1 / len(active))
+            weight["response_mean"].append(1 / len(p))
+            weight["group_pooled"].append(1 / n_pooled)
+            weight["group_leave_one_out"].append(0.0)
+    lengths = [len(p) for p in probs]
+    starts = np.cumsum([0, *lengths])
+    picks = {}
+    for name, values in u.items():
+        values = floor(values)
+        u[name] = values
+        picks[name] = [x for a, b in zip(starts[:-1], starts[1:], strict=True)
+                       for x in top_per_response(values[a:b])]
+    # our earlier readings: the file is the scope, d = JSD(p ‖ the file's mean distribution)
+    flat = torch.cat(probs)  # (N, V)
+    d_file = [jsd64(row, flat.mean(0)) for row in flat]
+    n = len(d_file)
+    ranked = sorted(range(n), key=lambda r: (-d_file[r], r))[: math.ceil(0.1 * n)]
+    picks["scope_position"] = [r in set(ranked) for r in range(n)]
+    ids = table["token_id"].to_list()
+    score = {v: np.mean([d_file[r] for r in range(n) if ids[r] == v]) for v in set(ids)}
+    chosen = set(sorted(score, key=lambda v: (-score[v], v))[: math.ceil(0.1 * len(score))])
+    picks["token_id"] = [v in chosen for v in ids]
+
+    columns = {"paper": "ict_u", "response_mean": "u_response_mean",
+               "group_pooled": "u_group_pooled", "group_leave_one_out": "u_group_loo"}
+    for name, column in columns.items():
+        stage_u = torch.tensor(table[column].to_numpy(), dtype=torch.float64)
+        torch.testing.assert_close(stage_u, torch.tensor(u[name], dtype=torch.float64),
+                                   atol=1e-7, rtol=1e-6, msg=name)
+        assert max(u[name]) > 1e-3, name  # not vacuous
+    for name, mask in picks.items():
+        assert table[PICKS[name]].to_list() == mask, name
+    # the picks differ between readings: the comparison is not of one mask with itself
+    assert len({tuple(m) for m in picks.values()}) == len(picks)
+    rows = {r["reading"]: r for r in summary["ict_readings"]}
+    random = table["sel_random10_response"].to_numpy()
+    assert rows["random10_response"]["picks"] == sum(math.ceil(0.1 * k) for k in lengths)
+    assert all(random[a:b].sum() == math.ceil(0.1 * (b - a))
+               for a, b in zip(starts[:-1], starts[1:], strict=True))
+    logprob = table["logprob"].to_numpy().astype(np.float64)
+    for name, mask in {**picks, "random10_response": list(random)}.items():
+        chosen_rows = np.flatnonzero(mask)
+        assert rows[name]["prob_mean"] == pytest.approx(np.exp(logprob[chosen_rows]).mean(),
+                                                        rel=1e-6)
+        ceiling_of = name if name in u else "paper"
+        c = jsd_ceiling(torch.tensor(weight[ceiling_of], dtype=torch.float64)).numpy()
+        at = np.array(u[ceiling_of]) >= c * (1 - 1e-3)
+        at &= c > 0
+        assert rows[name]["ceiling_share"] == pytest.approx(at[chosen_rows].mean()), name
 
 
 def jsd64(p: torch.Tensor, q: torch.Tensor) -> float:

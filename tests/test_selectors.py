@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from stages.core.selectors import (
+    ICT_LABELS,
+    ICT_SCORES,
+    ICT_VARIANTS,
+    INPUTS,
     SELECTORS,
+    STATISTICS,
     SelectionInput,
     count,
     linear_quantile,
@@ -231,11 +236,49 @@ def test_ict_paper_rule_is_per_response(rho, expected):
     assert torch.equal(frequent, PAPER_VALID & ~got)  # the paper's "90%-frequent" control
 
 
+READINGS = ("response_mean", "group_pooled", "group_leave_one_out")
+
+
+@pytest.mark.parametrize("variant", READINGS)
+@pytest.mark.parametrize(
+    ("rho", "expected"),
+    [(0.1, [[1], [2], [1]]), (0.3, [[1, 3], [2], [1, 3, 4]]), (0.5, [[1, 3], [0, 2], [1, 3, 4, 6, 7]])],
+)
+def test_ict_readings_pick_per_response_by_their_own_deviation(variant, rho, expected):
+    """Each reading ranks each response's positions by its own statistic, exactly like the rule
+    (same table as above), and reads no other: the other deviations hold decoys."""
+    decoy = PAPER_U.flip(1)
+    fields = {name: decoy for name in ICT_SCORES.values()}
+    inp = SelectionInput(valid=PAPER_VALID, **{**fields, ICT_SCORES[variant]: PAPER_U})
+    got = select_tokens("ict", inp, rho=rho, variant=variant)
+    assert [row.nonzero().squeeze(1).tolist() for row in got] == expected
+    frequent = select_tokens("ict", inp, rho=rho, variant=variant, part="frequent")
+    assert torch.equal(frequent, PAPER_VALID & ~got)
+    with pytest.raises(ValueError, match=f"needs '{ICT_SCORES[variant]}'"):
+        select_tokens("ict", SelectionInput(valid=PAPER_VALID, group_jsd=PAPER_U), variant=variant)
+
+
+def test_ict_variants_statistics_and_labels():
+    assert ICT_VARIANTS == ("paper", "response_mean", "group_pooled", "group_leave_one_out",
+                            "token_id", "scope_position")
+    assert ICT_SCORES == {"paper": "group_jsd", "response_mean": "response_mean_jsd",
+                          "group_pooled": "group_pooled_jsd", "group_leave_one_out": "group_loo_jsd"}
+    assert set(ICT_SCORES.values()) <= set(STATISTICS) <= set(INPUTS)
+    assert set(ICT_LABELS) == set(ICT_VARIANTS)
+    # only the paper's rule is called ICT
+    assert [v for v, label in ICT_LABELS.items() if "ICT" in label.replace("not ICT", "")] == ["paper"]
+    assert all(ICT_LABELS[v].endswith("(ours, not ICT)") for v in ICT_VARIANTS if v != "paper")
+
+
 def test_ict_needs_follow_the_variant():
     spec = SELECTORS["ict"]
     assert spec.needs() == {"group_jsd"}
     assert spec.needs(spec.validate({"variant": "token_id"})) == {"jsd", "token_ids"}
     assert spec.needs(spec.validate({"variant": "scope_position"})) == {"jsd"}
+    for variant, statistic in ICT_SCORES.items():
+        assert spec.needs(spec.validate({"variant": variant})) == {statistic}
+    per_response = {v: spec.per_response(spec.validate({"variant": v})) for v in ICT_VARIANTS}
+    assert per_response == {v: v in ICT_SCORES for v in ICT_VARIANTS}
     assert SELECTORS["stapo"].needs() == {"entropy", "logprob", "advantages"}
     assert SELECTORS["all"].needs() == set()
     with pytest.raises(ValueError, match="needs 'group_jsd'"):
@@ -246,7 +289,8 @@ def test_ict_needs_follow_the_variant():
 
 FULL = dict(
     valid=ICT_VALID, entropy=STAPO_H, logprob=STAPO_P.log(), jsd=ICT_JSD, token_ids=ICT_IDS,
-    group_jsd=ICT_JSD.flip(1), advantages=torch.tensor([1.0, 2.0]),
+    group_jsd=ICT_JSD.flip(1), response_mean_jsd=STAPO_H, group_pooled_jsd=STAPO_H.flip(1),
+    group_loo_jsd=ICT_JSD.flip(0), advantages=torch.tensor([1.0, 2.0]),
 )
 CASES = [
     ("all", {}), ("entropy_top", {"rho": 0.3}), ("entropy_bottom", {"rho": 0.3}),
@@ -254,6 +298,9 @@ CASES = [
     ("stapo", {"tau_p": 0.1, "q": 0.75}),
     ("ict", {"rho": 0.5}), ("ict", {"rho": 0.5, "part": "frequent"}),
     ("ict", {"rho": 0.5, "variant": "token_id"}), ("ict", {"rho": 0.3, "variant": "scope_position"}),
+    *[("ict", {"rho": 0.5, "variant": v}) for v in ("response_mean", "group_pooled",
+                                                    "group_leave_one_out")],
+    ("ict", {"rho": 0.5, "variant": "group_leave_one_out", "part": "frequent"}),
 ]
 
 @pytest.mark.parametrize(("name", "params"), CASES)

@@ -15,10 +15,13 @@ from scipy.special import log_softmax, softmax
 from scipy.stats import entropy as scipy_entropy
 
 from stages.core.stats import (
+    CEILING_RTOL,
     LN2,
+    at_ceiling,
     chunked_token_statistics,
     distribution_sum,
     jensen_shannon,
+    jsd_ceiling,
     jsd_to_mean,
     mean_distribution,
     token_statistics,
@@ -217,3 +220,74 @@ def test_jsd_bounds(a, b, scale):
     d = jensen_shannon(p, q)
     assert (d >= 0).all() and (d <= LN2 + 1e-6).all()
     torch.testing.assert_close(d, jensen_shannon(q, p), rtol=1e-5, atol=1e-6)  # symmetric
+
+
+# ---------------------------------------------------------------------------------------------
+# The ceiling c(w) of JSD(p ‖ w·p + (1 − w)·r)
+# ---------------------------------------------------------------------------------------------
+def simplex_grid(v: int, steps: int) -> np.ndarray:
+    """Every distribution over v entries whose probabilities are multiples of 1/steps (vertices
+    included), (M, v)."""
+    points = [c for c in np.ndindex(*(steps + 1,) * (v - 1)) if sum(c) <= steps]
+    return np.array([[*c, steps - sum(c)] for c in points], dtype=np.float64) / steps
+
+
+@pytest.mark.parametrize(("v", "steps"), [(2, 40), (3, 12), (4, 6)])
+def test_jsd_ceiling_is_the_maximum_over_the_simplex(v, steps):
+    """Brute force: over a grid of p and r (the vertices included), JSD(p ‖ w·p + (1 − w)·r)
+    never exceeds c(w), and its maximum equals c(w), reached where p is disjoint from r (a point
+    mass p disjoint from r among them)."""
+    grid = torch.from_numpy(simplex_grid(v, steps))  # (M, v)
+    p, r = grid[:, None, :], grid[None, :, :]  # every pair
+    for w in (0.0, 1 / 8, 1 / 3, 0.5, 0.9, 1.0):
+        values = jensen_shannon(p, w * p + (1 - w) * r)  # (M, M) float64
+        c = float(jsd_ceiling(w))
+        assert float(values.max()) == pytest.approx(c, abs=1e-12), w
+        assert float(values.max()) <= c + 1e-12
+        # reached exactly where p and r have disjoint supports (a point mass p = δ_a with
+        # r(a) = 0 among them); for w = 1, q = p everywhere and c = 0
+        disjoint = ((p > 0) & (r > 0)).sum(dim=-1) == 0  # (M, M)
+        top = values >= c - 1e-12
+        assert torch.equal(top, disjoint) if w < 1 else bool(top.all()), w
+        vertex = grid.max(dim=1).values == 1  # (M,)
+        assert (disjoint & vertex[:, None]).any()
+
+
+def test_jsd_ceiling_closed_form_values():
+    assert float(jsd_ceiling(0.0)) == pytest.approx(LN2, abs=1e-15)
+    assert float(jsd_ceiling(1.0)) == 0.0
+    # w = 1/2: ½[ln(4/3) + ½ ln(2/3) + ½ ln 2]
+    half = 0.5 * (math.log(4 / 3) + 0.5 * math.log(2 / 3) + 0.5 * math.log(2))
+    assert float(jsd_ceiling(0.5)) == pytest.approx(half, abs=1e-15)
+    w = torch.linspace(0, 1, 101, dtype=torch.float64)
+    c = jsd_ceiling(w)
+    assert (c[1:] < c[:-1]).all()  # a larger own weight leaves less room to deviate
+    # against scipy on the point masses themselves
+    for w in (1 / 8, 1 / 3, 0.7):
+        p, q = np.array([1.0, 0.0]), np.array([w, 1 - w])
+        assert float(jsd_ceiling(w)) == pytest.approx(jensenshannon(p, q, base=math.e) ** 2,
+                                                      abs=1e-14)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    v=st.integers(2, 12),
+    w=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+    concentration=st.sampled_from([0.05, 1.0, 20.0]),
+)
+def test_jsd_never_exceeds_its_ceiling(v, w, seed, concentration):
+    rng = np.random.default_rng(seed)
+    p = torch.from_numpy(rng.dirichlet([concentration] * v))
+    r = torch.from_numpy(rng.dirichlet([concentration] * v))
+    assert float(jensen_shannon(p, w * p + (1 - w) * r)) <= float(jsd_ceiling(w)) + 1e-12
+
+
+def test_at_ceiling():
+    w = torch.tensor([0.0, 0.25, 0.25, 0.25, 1.0], dtype=torch.float64)
+    c = jsd_ceiling(w)
+    u = torch.stack([c[0], c[1], c[2] * (1 - CEILING_RTOL), c[3] * (1 - 2 * CEILING_RTOL),
+                     torch.tensor(0.0, dtype=torch.float64)]).float()
+    # at c, at the tolerance (u rounded to float32 sits within it), below it, and w = 1 (c = 0):
+    # a position that is its own reference is never at the ceiling
+    assert at_ceiling(u, w).tolist() == [True, True, True, False, False]

@@ -13,8 +13,8 @@ agree bit for bit where they should:
   at the positions it is given (the selected ones): masked positions never enter the graph.
 - :func:`score_scope` scores every valid position of a scope without gradient: entropy, Rényi-2,
   log-prob, and the deviations the selectors need (``jsd`` to the scope's mean distribution,
-  ``group_jsd``: ICT's u, to the group's mean at the same step), from the selector registry's
-  ``needs``.
+  ``group_jsd``: ICT's u, to the group's mean at the same step, and the labelled readings of
+  that reference in DEVIATIONS), from the selector registry's ``needs``.
 
 A scope is a list of sequences (prompt ids, response ids, group index); flat (N,) per-token
 tensors run over its response tokens in (sequence, position) order.
@@ -196,17 +196,62 @@ def group_step_keys(groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
                          for t in range(n)], dtype=torch.long)
 
 
+DEVIATIONS: dict[str, tuple[str, bool]] = {
+    "group_jsd": ("group_step", False),
+    "response_mean_jsd": ("response", False),
+    "group_pooled_jsd": ("group", False),
+    "group_loo_jsd": ("group_step", True),
+}
+"""u_i = JSD(p_i ‖ reference) by statistic (METHODS §3): the positions that share a reference
+(their key: the group and step, the response, or the group) and whether position i is left out of
+its own. group_jsd is ICT's rule; the other three are the readings the summaries leave open
+(ours, never called ICT): the response's own sequence average, the group's average pooled over
+all its positions, the group-step mean of the other responses."""
+
+
+def deviation_keys(name: str, groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
+    """(N,) key of each response token for the reference of statistic `name` (DEVIATIONS)."""
+    kind, _ = DEVIATIONS[name]
+    if kind == "group_step":
+        return group_step_keys(groups, lengths)
+    per_response = torch.arange(len(lengths)) if kind == "response" else torch.as_tensor(groups)
+    return per_response.long().repeat_interleave(torch.as_tensor(lengths, dtype=torch.long))
+
+
+def self_weight(name: str, groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
+    """(N,) float64: the weight w of p_i itself in its reference mixture for statistic `name`,
+    1 / (positions sharing its key), 0 when it is left out; c(w) (stats.jsd_ceiling) bounds u."""
+    keys = deviation_keys(name, groups, lengths)
+    if DEVIATIONS[name][1]:
+        return torch.zeros(keys.numel(), dtype=torch.float64)
+    _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse].double()
+
+
+def deviation(name: str, hidden: Tensor, head_weight: Tensor | None, groups: Sequence[int],
+              lengths: Sequence[int], temperature: float, *, head_bias: Tensor | None = None,
+              logsumexp: Tensor | None = None, chunk_positions: int = CHUNK_POSITIONS,
+              chunk_vocab: int = CHUNK_VOCAB) -> Tensor:
+    """Statistic `name` of DEVIATIONS (N,) in nats for the flat response tokens hidden (N, D) (or
+    logits (N, V) with head_weight None) of responses of `lengths` in `groups`."""
+    keys = deviation_keys(name, groups, lengths)
+    return group_step_jsd(hidden, head_weight, keys, temperature, head_bias=head_bias,
+                          logsumexp=logsumexp, leave_out=DEVIATIONS[name][1],
+                          chunk_positions=chunk_positions, chunk_vocab=chunk_vocab)
+
+
 @torch.no_grad()
 def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=frozenset(), *,
                 device, max_sequences: int, max_tokens: int | None = None,
                 chunks: Chunks = Chunks(), all_reduce: AllReduce | None = None) -> dict[str, Tensor]:
     """Per-token statistics (N,) of a scope under `model`, float32 on the CPU (float64 models:
     float64): always ``entropy``, ``renyi2``, ``logprob``; ``jsd`` (to the mean distribution of
-    the scope on every rank, all_reduce summing the V-sized pieces) and ``group_jsd`` (ICT's u;
-    the groups of a scope never span ranks in the trainer, so it needs no all_reduce) when
-    `needs` names them. Hidden states go to the CPU after each trunk pass when a deviation is
-    needed, so the device holds one micro-batch of them at a time."""
-    trunk_needs = {"jsd", "group_jsd"} & set(needs)
+    the scope on every rank, all_reduce summing the V-sized pieces) and the deviations of
+    DEVIATIONS (``group_jsd``: ICT's u, and the labelled readings; the groups of a scope never
+    span ranks in the trainer, so they need no all_reduce) when `needs` names them. Hidden states
+    go to the CPU after each trunk pass when a deviation is needed, so the device holds one
+    micro-batch of them at a time."""
+    trunk_needs = ({"jsd"} | set(DEVIATIONS)) & set(needs)
     _, weight, bias = trunk_and_head(model)
     out: dict[str, list[Tensor]] = {"entropy": [], "renyi2": [], "logprob": [], "logsumexp": []}
     kept: list[Tensor] = []
@@ -238,8 +283,7 @@ def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=froz
                 total, count = all_reduce(total), all_reduce(count)
             mean = total / count.clamp_min(1.0)
             result["jsd"] = jsd_to_mean(hv, weight, mean, temperature, logsumexp=lse, **kw).cpu()
-        if "group_jsd" in trunk_needs:
-            keys = group_step_keys(scope.groups, scope.lengths)
-            result["group_jsd"] = group_step_jsd(hv, weight, keys, temperature, logsumexp=lse,
-                                                 **kw).cpu()
+        for name in (n for n in DEVIATIONS if n in trunk_needs):
+            result[name] = deviation(name, hv, weight, scope.groups, scope.lengths, temperature,
+                                     logsumexp=lse, **kw).cpu()
     return result

@@ -12,6 +12,10 @@ with :func:`register_selector`, which also declares what it reads and what it ta
 - ``params`` is a pydantic model of its keyword parameters with METHODS' defaults; the config's
   ``methods.<name>`` keys beside ``selector`` are validated against it, so a wrong key or value
   is an error naming ``methods.<name>.<key>``.
+- ``per_response`` says whether the selector ranks each response's own positions (ICT's rule) or
+  positions across the scope (20-Entropy); a bool, or a function of the validated parameters.
+  Only scope-ranking selectors accept ``selection_scope: microbatch`` (the released 80/20 code's
+  scope: one micro-batch on one rank), since a micro-batch may split a response's group.
 
 Call a selector through :func:`select_tokens`, which runs it under no_grad and checks that the
 mask is boolean, of shape (B, T) and False on every invalid position. A selector sees the whole
@@ -44,12 +48,16 @@ from torch import Tensor
 
 Selector = Callable[..., Tensor]
 
-INPUTS = ("entropy", "logprob", "renyi2", "jsd", "group_jsd", "token_ids", "advantages")
-"""The SelectionInput fields a selector may need."""
-STATISTICS = ("entropy", "logprob", "renyi2", "jsd", "group_jsd")
+STATISTICS = ("entropy", "logprob", "renyi2", "jsd", "group_jsd", "response_mean_jsd",
+              "group_pooled_jsd", "group_loo_jsd")
 """The fields the scorer computes from the policy's distributions (the rest come with the batch):
 entropy, logprob, renyi2 in one pass; jsd (deviation from the scope's mean distribution) and
-group_jsd (ICT's u: deviation from the group's mean at the same step) cost two passes each."""
+group_jsd (ICT's u: deviation from the group's mean at the same step) cost two passes each, and
+so do the readings of ICT's reference (stages.core.scorer.DEVIATIONS): response_mean_jsd,
+group_pooled_jsd (two more for a reference of more than chunk_positions positions) and
+group_loo_jsd."""
+INPUTS = (*STATISTICS, "token_ids", "advantages")
+"""The SelectionInput fields a selector may need."""
 
 
 class Params(BaseModel):
@@ -70,6 +78,7 @@ class SelectorSpec:
     fn: Selector
     needs_: tuple[str, ...] | Callable[[Params], Iterable[str]]
     params: type[Params]
+    per_response_: bool | Callable[[Params], bool] = False
 
     def validate(self, raw: dict) -> Params:
         """The selector's parameters from config keys (pydantic.ValidationError when wrong)."""
@@ -81,13 +90,22 @@ class SelectorSpec:
             return frozenset(self.needs_(params if params is not None else self.params()))
         return frozenset(self.needs_)
 
+    def per_response(self, params: Params | None = None) -> bool:
+        """Whether the selector ranks each response's own positions with these parameters."""
+        if callable(self.per_response_):
+            return bool(self.per_response_(params if params is not None else self.params()))
+        return bool(self.per_response_)
+
 
 SELECTORS: dict[str, SelectorSpec] = {}
 
 
 def register_selector(name: str, *, needs: Iterable[str] | Callable[[Params], Iterable[str]] = (),
-                      params: type[Params] = NoParams) -> Callable[[Selector], Selector]:
-    """Decorator: register a selector under `name`, with the inputs it needs and its parameters."""
+                      params: type[Params] = NoParams,
+                      per_response: bool | Callable[[Params], bool] = False,
+                      ) -> Callable[[Selector], Selector]:
+    """Decorator: register a selector under `name`, with the inputs it needs, its parameters and
+    whether it ranks each response's own positions."""
     if not callable(needs):
         needs = tuple(needs)
         if unknown := set(needs) - set(INPUTS):
@@ -96,7 +114,7 @@ def register_selector(name: str, *, needs: Iterable[str] | Callable[[Params], It
     def decorate(fn: Selector) -> Selector:
         if name in SELECTORS:
             raise ValueError(f"selector {name!r} is already registered")
-        SELECTORS[name] = SelectorSpec(name, fn, needs, params)
+        SELECTORS[name] = SelectorSpec(name, fn, needs, params, per_response)
         return fn
 
     return decorate
@@ -141,7 +159,11 @@ class SelectionInput:
     logprob: (B, T) log p(o) of the sampled token, nats. renyi2: (B, T) H2 in nats.
     jsd: (B, T) d = JSD(p ‖ p̄), p̄ the scope's mean distribution, nats.
     group_jsd: (B, T) ICT's u = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean over the response's group at
-    step t (stats.group_step_jsd), nats. token_ids: (B, T) sampled ids.
+    step t (stats.group_step_jsd), nats. The readings of that reference (ours, never ICT), nats:
+    response_mean_jsd: (B, T) JSD(p_{i,t} ‖ mean of p_{i,t'} over the response's own positions);
+    group_pooled_jsd: (B, T) JSD(p_{i,t} ‖ mean of p over every position of every response of
+    the group); group_loo_jsd: (B, T) JSD(p_{i,t} ‖ mean over the group's OTHER responses active
+    at step t), 0 where none is. token_ids: (B, T) sampled ids.
     advantages: (B,) per response or (B, T) per token.
     generator: torch.Generator for the 'random' selector (else a fresh one seeded with `seed`).
     """
@@ -152,6 +174,9 @@ class SelectionInput:
     renyi2: Tensor | None = None
     jsd: Tensor | None = None
     group_jsd: Tensor | None = None
+    response_mean_jsd: Tensor | None = None
+    group_pooled_jsd: Tensor | None = None
+    group_loo_jsd: Tensor | None = None
     token_ids: Tensor | None = None
     advantages: Tensor | None = None
     generator: torch.Generator | None = None
@@ -160,7 +185,7 @@ class SelectionInput:
         self.valid = as_bool_mask(self.valid)
         if self.valid.dim() != 2:
             raise ValueError(f"valid must be (B, T), got shape {tuple(self.valid.shape)}")
-        for name in ("entropy", "logprob", "renyi2", "jsd", "group_jsd", "token_ids"):
+        for name in (*STATISTICS, "token_ids"):
             value = getattr(self, name)
             if value is not None and value.shape != self.valid.shape:
                 raise ValueError(
@@ -274,7 +299,7 @@ class RandomParams(Params):
     seed: int = Field(0, description="seed when no generator is given (the trainer gives one)")
 
 
-@register_selector("random", params=RandomParams)
+@register_selector("random", params=RandomParams, per_response=lambda p: p.scope == "response")
 def select_random(inp: SelectionInput, rho: float = 0.1, scope: str = "batch", seed: int = 0) -> Tensor:
     """Control: ceil(ρN) valid tokens of the scope (or ceil(ρ·T_i) of each response) drawn
     uniformly without replacement.
@@ -337,25 +362,44 @@ def select_stapo(inp: SelectionInput, tau_p: float = 0.002, q: float = 0.75) -> 
     return valid & ~(candidates & (entropy < tau_h))
 
 
-ICT_VARIANTS = ("paper", "token_id", "scope_position")
+ICT_SCORES = {"paper": "group_jsd", "response_mean": "response_mean_jsd",
+              "group_pooled": "group_pooled_jsd", "group_leave_one_out": "group_loo_jsd"}
+"""The per-response variants of the ict selector and the statistic each ranks positions by."""
+ICT_VARIANTS = (*ICT_SCORES, "token_id", "scope_position")
+ICT_LABELS = {
+    "paper": "ICT (paper's rule)",
+    "response_mean": "response-mean reading (ours, not ICT)",
+    "group_pooled": "group-pooled reading (ours, not ICT)",
+    "group_leave_one_out": "group leave-one-out reading (ours, not ICT)",
+    "token_id": "JSD token-id reading (ours, not ICT)",
+    "scope_position": "JSD scope-position reading (ours, not ICT)",
+}
+"""How each variant is printed: only the paper's rule is called ICT."""
 
 
 class IctParams(Params):
-    rho: float = Field(0.1, gt=0, le=1, description="fraction ρ (of each response for 'paper')")
-    variant: Literal["paper", "token_id", "scope_position"] = Field(
-        "paper", description="paper: ICT's rule; token_id, scope_position: our earlier readings "
-        "(labelled, never ICT)")
+    rho: float = Field(0.1, gt=0, le=1, description="fraction ρ (of each response for the "
+                       "per-response variants)")
+    variant: Literal["paper", "response_mean", "group_pooled", "group_leave_one_out", "token_id",
+                     "scope_position"] = Field(
+        "paper", description="paper: ICT's rule (reference: the group's mean at the same step); "
+        "the readings the summaries leave open, per response like the rule (ours, labelled, never "
+        "ICT): response_mean (the response's own average over its positions), group_pooled (the "
+        "group's average over all its positions), group_leave_one_out (the group-step mean of the "
+        "other responses); token_id, scope_position: our earlier readings (labelled, never ICT)")
     part: Literal["unique", "frequent"] = Field(
         "unique", description="unique: the top ρ by u; frequent: the other positions of each "
-        "response (the paper's '90%-frequent' control; variant paper only)")
+        "response (the paper's '90%-frequent' control; per-response variants only)")
 
 
 def _ict_needs(p: IctParams) -> tuple[str, ...]:
-    return {"paper": ("group_jsd",), "token_id": ("jsd", "token_ids"),
-            "scope_position": ("jsd",)}[p.variant]
+    if p.variant in ICT_SCORES:
+        return (ICT_SCORES[p.variant],)
+    return {"token_id": ("jsd", "token_ids"), "scope_position": ("jsd",)}[p.variant]
 
 
-@register_selector("ict", needs=_ict_needs, params=IctParams)
+@register_selector("ict", needs=_ict_needs, params=IctParams,
+                   per_response=lambda p: p.variant in ICT_SCORES)
 def select_ict(inp: SelectionInput, rho: float = 0.1, variant: str = "paper",
                part: str = "unique") -> Tensor:
     """ICT (METHODS §3). Scores are JSDs in nats.
@@ -363,17 +407,21 @@ def select_ict(inp: SelectionInput, rho: float = 0.1, variant: str = "paper",
     paper (ICT's rule): per response i, the top ceil(ρ·T_i) of its positions by
     u_{i,t} = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean distribution of its group at step t (ties:
     earliest); part='frequent' keeps the other positions instead.
+    The readings of the reference the summaries leave open pick the same way by their own
+    deviation (ICT_SCORES; labelled, never ICT): response_mean, group_pooled,
+    group_leave_one_out.
     Our earlier readings, labelled as such wherever they appear and contradicted by the
     recovered text: token_id: s_v = mean of d = JSD(p ‖ p̄) (p̄ the scope mean) over the
     positions whose sampled id is v, the top ceil(ρU) ids (ties: smaller id), every valid
     position of a selected id; scope_position: the top ceil(ρN) positions of the scope by d.
     """
     valid = inp.valid
-    if variant != "paper" and part != "unique":
-        raise ValueError(f"ICT part {part!r} applies to variant 'paper' only")
-    if variant == "paper":
-        top = top_per_response(valid, inp.need("group_jsd"), rho)
+    if variant in ICT_SCORES:
+        top = top_per_response(valid, inp.need(ICT_SCORES[variant]), rho)
         return top if part == "unique" else valid & ~top
+    if part != "unique":
+        raise ValueError(f"ICT part {part!r} applies to the per-response variants only "
+                         f"({list(ICT_SCORES)})")
     if variant == "scope_position":
         return _top_positions(valid, inp.need("jsd"), rho)
     if variant != "token_id":

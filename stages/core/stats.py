@@ -10,7 +10,10 @@ Every quantity is in nats:
 - ``logprob``   log p(o) of the sampled token o
 - ``jsd``       d = JSD(p ‖ p̄), p̄ the mean distribution over the valid positions of the scope
 - :func:`group_step_jsd`  ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean over the
-  responses of i's group that are active at step t (METHODS §3)
+  responses of i's group that are active at step t (METHODS §3); with other keys, or leaving
+  the row out of its own reference, the readings of the reference that the summaries leave open
+- :func:`jsd_ceiling`  c(w), the largest JSD(p ‖ w·p + (1 − w)·r): how far u can go when p's own
+  weight in its reference is w
 
 There is one implementation, written over *blocks* of scaled logits (positions × vocabulary):
 the moments of a block are merged with an online logsumexp (running max, running sums), so the
@@ -41,6 +44,8 @@ from torch import Tensor
 LN2 = math.log(2.0)
 U_FLOOR_ULPS = 64
 """group_step_jsd: u below this many machine epsilons of the compute dtype is rounding noise: 0."""
+CEILING_RTOL = 1e-3
+"""at_ceiling: u within this relative distance of its ceiling c(w) counts as at the ceiling (ours)."""
 CHUNK_POSITIONS = 1024
 CHUNK_VOCAB = 32768
 
@@ -211,7 +216,8 @@ class _Source:
     def buffers(self, n: int, v: int) -> tuple[Tensor, Tensor]:
         """Two contiguous (n, v) scratch tensors reused across blocks (no fresh page faults).
 
-        Grows once for a block of more than chunk_positions rows (group_step_jsd's key blocks).
+        Every caller asks for at most chunk_positions rows (group_step_jsd's blocks included);
+        it would grow for more.
         """
         size = n * v
         if 2 * size > self._buf.numel():
@@ -459,22 +465,33 @@ def group_step_jsd(
     head_bias: Tensor | None = None,
     logsumexp: Tensor | None = None,
     *,
+    leave_out: bool = False,
     all_reduce: Callable[[Tensor], Tensor] | None = None,
     all_keys: Tensor | None = None,
     chunk_positions: int = CHUNK_POSITIONS,
     chunk_vocab: int = CHUNK_VOCAB,
 ) -> Tensor:
-    """ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t) in nats (METHODS §3), (...), in [0, ln 2].
+    """u_i = JSD(p_i ‖ mean of p over the positions sharing i's key) in nats, (...), in [0, ln 2].
+
+    With keys = (group, step) this is ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t) (METHODS §3);
+    with keys = the response, resp. the group, it is the response-mean, resp. group-pooled
+    reading of the reference, and with leave_out=True the group-step reading that leaves the
+    response out (stages.core.scorer.DEVIATIONS composes the keys of each).
 
     p = softmax(z / T) over the full vocabulary, z from hidden (..., D) × head_weight (V, D)
     [+ head_bias (V,)], or hidden read as materialised logits (..., V) when head_weight is None.
-    keys (...) integer: the (group, step) key of each position, composed by the caller (e.g.
-    group * max_len + step). P̄ for a key is the mean of p over the valid positions with that key:
-    padding (mask 0 / False) is excluded from the mean (ours; the paper does not say how unequal
-    lengths are handled), is never computed, and holds 0 in the result. A key that one position
-    alone holds (a step where one response of the group is still active) has P̄ = p bit for bit,
-    so u = 0 exactly. Returned in the compute dtype (float32; float64 for float64 input).
-    logsumexp (...), e.g. from :func:`chunked_token_statistics`, saves the first pass.
+    keys (...) integer: the key of each position, composed by the caller (e.g.
+    group * max_len + step). The reference of a key is the mean of p over the valid positions with
+    that key: padding (mask 0 / False) is excluded from the mean (ours; the paper does not say how
+    unequal lengths are handled), is never computed, and holds 0 in the result. A key that one
+    position alone holds (a step where one response of the group is still active) has a reference
+    equal to p bit for bit, so u = 0 exactly. Returned in the compute dtype (float32; float64 for
+    float64 input). logsumexp (...), e.g. from :func:`chunked_token_statistics`, saves the first
+    pass.
+
+    leave_out: the reference of row i with key k is (S_k − p_i) / (n_k − 1), S_k the float64 sum
+    of p over the key's n_k rows (over every rank), the difference clamped at 0 against rounding.
+    A key that one row alone holds leaves no reference: its u is 0 (ours).
 
     Resolution: u below U_FLOOR_ULPS machine epsilons of the compute dtype (7.6e-6 nats in
     float32, 1.4e-14 in float64) is set to exactly 0. Where a group's responses agree (the same
@@ -483,19 +500,24 @@ def group_step_jsd(
     position, so the mask does not depend on the noise (ours; checked against a float64
     recomputation of the default run's token statistics).
 
-    Memory: the valid rows are sorted by key (stably, so ties keep position order) and visited in
-    blocks of whole keys that start within the same window of chunk_positions rows (a key with more
-    rows is one block on its own); for each block and chunk of chunk_vocab entries, p of its rows,
-    the per-key sums of that chunk (index_add, float64) and the JSD terms of each row against its
-    key's mean are formed. JSD is a sum over vocabulary entries, so one pass over the vocabulary
-    follows the logsumexp pass, and nothing of size positions × V or keys × V ever exists.
+    Memory: the valid rows are sorted by key (stably, so ties keep position order). Keys are
+    visited in blocks of whole keys of at most chunk_positions rows in all (counted over every
+    rank); for each block and chunk of chunk_vocab entries, p of its rows, the per-key sums of
+    that chunk (index_add, float64) and the JSD terms of each row against its key's reference are
+    formed, one pass over the vocabulary after the logsumexp pass. A key of more rows than
+    chunk_positions (a whole response, or a whole group of 8 × 2,048 positions, as one key) is
+    visited on its own in sub-blocks of chunk_positions rows, in two passes: its full-vocabulary
+    sum (V,) float64 first, then the JSD terms, each row's p computed twice. Nothing larger than
+    chunk_positions × chunk_vocab (a few buffers of it) or keys × V (for the keys of one block,
+    whose count is bounded by chunk_positions) ever exists.
 
-    Ranks: when a group's responses sit on several processes, all_reduce (sums a tensor over the
-    ranks, returning the sum) is applied to the per-key counts once and to every block's per-key
-    sums, and all_keys (1-D, sorted unique keys of every rank, gathered by the caller) fixes the
-    blocks, so that every rank makes the same collective calls in the same order, also for blocks
-    in which it holds no row. The float64 sums make u independent of how rows are split, to
-    rounding. Without all_reduce, all_keys defaults to this call's unique keys.
+    Ranks: when a key's rows sit on several processes, all_reduce (sums a tensor over the ranks,
+    returning the sum) is applied to the per-key counts once, to every block's per-key sums of
+    each vocabulary chunk, and to every large key's (V,) sum, and all_keys (1-D, sorted unique
+    keys of every rank, gathered by the caller) fixes the blocks (from the summed counts), so that
+    every rank makes the same collective calls in the same order, also for blocks in which it
+    holds no row. The float64 sums make u independent of how rows are split, to rounding. Without
+    all_reduce, all_keys defaults to this call's unique keys.
     """
     src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
     if keys.shape != src.shape:
@@ -526,30 +548,130 @@ def group_step_jsd(
         counts = all_reduce(counts)
     # row range of each key in the sorted local rows; blocks from the global counts only
     start = torch.cat([local_counts.new_zeros(1), local_counts.cumsum(0)]).tolist()
-    first_row = (counts.cumsum(0) - counts).cpu()  # (K,) global rows before each key
-    window = torch.div(first_row, chunk_positions, rounding_mode="floor")
-    _, keys_per_block = torch.unique_consecutive(window, return_counts=True)
-    bounds = [0, *torch.cumsum(keys_per_block, 0).tolist()]
-    for k0, k1 in zip(bounds[:-1], bounds[1:], strict=True):
+    # the reference's divisor: n_k, or n_k − 1 leaving the row out (1 for a lone key: u = 0 below)
+    divisor = (counts - 1.0 if leave_out else counts).clamp_min(1.0)  # (K,)
+    # blocks from chunk_positions itself, not from this rank's share of rows (src.cp)
+    for k0, k1 in _key_blocks(counts.round().long().tolist(), chunk_positions):
         a, b = start[k0], start[k1]
         if a == b and all_reduce is None:
             continue  # keys of all_keys that no row here holds, and no rank to answer
-        local = key_index[a:b] - k0  # (n,) key of each row within the block
-        divisor = counts[k0:k1, None].clamp_min(1.0)  # (k, 1)
-        for c0, c1 in src.vocab_chunks():
-            sums = torch.zeros(k1 - k0, c1 - c0, dtype=torch.float64, device=src.device)  # (k, v)
-            p = src.probs(a, b, c0, c1, lse) if b > a else None  # (n, v)
-            if p is not None:
-                sums.index_add_(0, local, p.double())
-            if all_reduce is not None:
-                sums = all_reduce(sums)
-            if p is None:
-                continue
-            _, scratch = src.buffers(b - a, c1 - c0)
-            mean = sums.div_(divisor).to(src.dtype)  # (k, v); exactly p for a lone key
-            out[a:b] += _jsd_block(p, torch.index_select(mean, 0, local, out=scratch))
+        if k1 - k0 == 1 and float(counts[k0]) > chunk_positions:
+            out[a:b] = _large_key_jsd(src, lse, a, b, float(divisor[k0]), leave_out, all_reduce)
+        else:
+            out[a:b] = _key_block_jsd(src, lse, a, b, key_index[a:b] - k0, divisor[k0:k1],
+                                      leave_out, all_reduce)
+    if leave_out:
+        out[counts[key_index] < 2] = 0.0  # a lone row: no other response to compare with
     out.clamp_(0.0, LN2)
     out[out < U_FLOOR_ULPS * torch.finfo(out.dtype).eps] = 0.0
     return src.scatter(out)
 
 
+def _key_blocks(counts: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive key ranges [k0, k1) of at most `limit` rows in all; a key of more rows alone.
+
+    counts are the rows of each key over every rank, so every rank forms the same blocks."""
+    blocks, k0, rows = [], 0, 0
+    for k, n in enumerate(counts):
+        if k > k0 and rows + n > limit:
+            blocks.append((k0, k))
+            k0, rows = k, 0
+        rows += n
+    if k0 < len(counts):
+        blocks.append((k0, len(counts)))
+    return blocks
+
+
+def _leave_out_reference(rest: Tensor, divisor: Tensor | float, out: Tensor) -> Tensor:
+    """rest / divisor clamped at 0 (S − p can round below 0 where the others' p is ~0), written
+    into out in its dtype; rest (n, v) float64 holds S − p, divisor (n, 1) or a float."""
+    return out.copy_(rest.div_(divisor).clamp_min_(0.0))
+
+
+def _key_block_jsd(src: _Source, lse: Tensor, a: int, b: int, local: Tensor, divisor: Tensor,
+                   leave_out: bool, all_reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+    """u (b - a,) of sorted valid rows a..b holding whole keys; local (b - a,) the key of each row
+    within the block, divisor (k,) float64 of each key."""
+    k = divisor.numel()
+    u = torch.zeros(b - a, dtype=src.dtype, device=src.device)
+    for c0, c1 in src.vocab_chunks():
+        sums = torch.zeros(k, c1 - c0, dtype=torch.float64, device=src.device)  # (k, v)
+        p = src.probs(a, b, c0, c1, lse) if b > a else None  # (n, v)
+        if p is not None:
+            sums.index_add_(0, local, p.double())
+        if all_reduce is not None:
+            sums = all_reduce(sums)
+        if p is None:
+            continue
+        _, scratch = src.buffers(b - a, c1 - c0)
+        if leave_out:
+            rest = sums.index_select(0, local).sub_(p)  # (n, v) float64: S_k − p_i
+            ref = _leave_out_reference(rest, divisor[local, None], scratch)
+        else:
+            mean = sums.div_(divisor[:, None]).to(src.dtype)  # (k, v); exactly p for a lone key
+            ref = torch.index_select(mean, 0, local, out=scratch)
+        u += _jsd_block(p, ref)
+    return u
+
+
+def _large_key_jsd(src: _Source, lse: Tensor, a: int, b: int, divisor: float, leave_out: bool,
+                   all_reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+    """u (b - a,) of sorted valid rows a..b, all of one key of more than chunk_positions rows
+    (over every rank): the key's sum over the whole vocabulary first, then the JSD terms, in
+    sub-blocks of chunk_positions rows."""
+    sums = torch.zeros(src.vocab, dtype=torch.float64, device=src.device)  # (V,)
+    for a1 in range(a, b, src.cp):
+        b1 = min(a1 + src.cp, b)
+        for c0, c1 in src.vocab_chunks():
+            sums[c0:c1] += src.probs(a1, b1, c0, c1, lse).sum(dim=0, dtype=torch.float64)
+    if all_reduce is not None:
+        sums = all_reduce(sums)
+    mean = None if leave_out else (sums / divisor).to(src.dtype)  # (V,)
+    u = torch.zeros(b - a, dtype=src.dtype, device=src.device)
+    for a1 in range(a, b, src.cp):
+        b1 = min(a1 + src.cp, b)
+        for c0, c1 in src.vocab_chunks():
+            p = src.probs(a1, b1, c0, c1, lse)  # (n, v)
+            if leave_out:
+                _, scratch = src.buffers(b1 - a1, c1 - c0)
+                rest = torch.sub(sums[None, c0:c1], p)  # (n, v) float64: S_k − p_i
+                ref = _leave_out_reference(rest, divisor, scratch)
+            else:
+                ref = mean[None, c0:c1]
+            u[a1 - a : b1 - a] += _jsd_block(p, ref)
+    return u
+
+
+# ---------------------------------------------------------------------------------------------
+# The ceiling of a deviation from a mixture that contains p itself
+# ---------------------------------------------------------------------------------------------
+def jsd_ceiling(w: Tensor | float) -> Tensor:
+    """c(w) = max over distributions p, r of JSD(p ‖ w·p + (1 − w)·r), in nats, float64, w ∈ [0, 1].
+
+        c(w) = ½ [ln(2 / (1 + w)) + w·ln(2w / (1 + w)) + (1 − w)·ln 2];  c(0) = ln 2, c(1) = 0.
+
+    w is the weight of p itself in its reference mixture q = w·p + (1 − w)·r: 1/n_t for ICT's
+    rule (n_t active responses of the group at step t), 1/T_i for the response-mean reading,
+    1/(the group's positions) for the group-pooled one, 0 leaving the response out.
+
+    Derivation. JSD(p ‖ q) = Σ_j φ(p_j, q_j) with φ(x, y) = ½[x·ln(2x/(x+y)) + y·ln(2y/(x+y))],
+    convex and positively homogeneous of degree 1. So is g(x, y) = φ(x, w·x + (1 − w)·y), hence
+    subadditive: g(x, y) ≤ g(x, 0) + g(0, y) = x·A + y·B with A = g(1, 0) = ½[ln(2/(1 + w)) +
+    w·ln(2w/(1 + w))] and B = g(0, 1) = ½(1 − w)·ln 2. Summing over j with Σ p_j = Σ r_j = 1:
+    JSD(p ‖ w·p + (1 − w)·r) ≤ A + B = c(w), with equality where every entry has p_j = 0 or
+    r_j = 0 (for w < 1, g is strictly convex across rays, so only there): p and r disjoint, e.g.
+    p = δ_a with r(a) = 0 — a near-certain token whose step-mates are near-certain on other
+    tokens. Check at a point mass: m = ½(p + q) has m_a = (1 + w)/2, so KL(p ‖ m) =
+    ln(2/(1 + w)) and KL(q ‖ m) = w·ln(2w/(1 + w)) + (1 − w)·ln 2.
+    """
+    w = torch.as_tensor(w, dtype=torch.float64)
+    return 0.5 * (torch.log(2.0 / (1.0 + w)) + torch.xlogy(w, 2.0 * w / (1.0 + w))
+                  + (1.0 - w) * LN2)
+
+
+def at_ceiling(u: Tensor, w: Tensor) -> Tensor:
+    """Bool (...): u ≥ c(w)·(1 − CEILING_RTOL) where c(w) > 0 (ours). u (...) nats, w (...) the
+    weight of p itself in its reference; a position that is its own reference (w = 1, c = 0)
+    cannot deviate and is never at the ceiling."""
+    c = jsd_ceiling(w)
+    return (c > 0) & (u.double() >= c * (1.0 - CEILING_RTOL))

@@ -1,5 +1,6 @@
 rule token_stats:
-    """Per-token entropy, Renyi-2, JSD deviation and log-prob of the rollouts; selector picks; figures."""
+    """Per-token entropy, Renyi-2, JSD deviation and log-prob of the rollouts; selector picks; the
+    readings of ICT's reference and their picks' profile (readings.parquet); figures."""
     input:
         model=base_ref("{size}"),
         rollouts=rollout_path("{size}"),
@@ -7,6 +8,7 @@ rule token_stats:
         tokens=f"{token_stats_dir('{size}')}/tokens.parquet",
         summary=f"{token_stats_dir('{size}')}/summary.parquet",
         summary_json=f"{token_stats_dir('{size}')}/summary.json",
+        readings=f"{token_stats_dir('{size}')}/readings.parquet",
         hist=f"{token_stats_dir('{size}')}/entropy_hist.png",
         top=f"{token_stats_dir('{size}')}/top_tokens.png",
         page=f"{token_stats_dir('{size}')}/tokens.html",
