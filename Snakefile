@@ -12,6 +12,7 @@ wildcard_constraints:
     method="|".join(map(re.escape, ["base", *CFG.methods])),
     bench="|".join(map(re.escape, CFG.datasets)),
     seed=r"\d+",
+    step=r"\d+",
 
 include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/base_model.smk"
@@ -19,6 +20,8 @@ include: "workflow/rules/rollout.smk"
 include: "workflow/rules/token_stats.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/curves.smk"
+include: "workflow/rules/overlap.smk"
 include: "workflow/rules/tables.smk"
 
 

@@ -32,11 +32,13 @@ from .core.io import ArtifactError, provenance, read_parquet, write_parquet
 from .core.metrics import Estimate, bootstrap_ci, summarise
 from .core.problems import PROBLEM_SCHEMA
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
+INVALID = "[INVALID]"  # math_dapo's prediction when a response has no "Answer:" line
 
-# the parts of the config this stage reads (main_methods only shapes the tables)
+# the parts of the config this stage reads (main_methods, headline and curve_benchmarks only
+# shape the tables)
 EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
-                 "grade_timeout_s", "batch_size")
+                 "grade_timeout_s", "batch_size", "graders", "batch_invariant")
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -51,6 +53,12 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("answer_type", pa.string(), nullable=False),
         pa.field("finish_reason", pa.string(), nullable=False),
         pa.field("response_tokens", pa.int32(), nullable=False),
+        pa.field("grader", pa.string(), nullable=False),  # the benchmark's own (datasets.<b>.grader)
+        pa.field("score", pa.float64(), nullable=True),  # a scored grader's reward, else null
+        pa.field("other_grades", pa.list_(pa.struct([  # one per evaluate.graders entry
+            pa.field("grader", pa.string()), pa.field("correct", pa.bool_()),
+            pa.field("extracted", pa.string()), pa.field("error", pa.string()),
+            pa.field("score", pa.float64())])), nullable=True),
     ]
 )
 
@@ -63,19 +71,31 @@ METRIC_SCHEMA = pa.schema(
         pa.field("ci_high", pa.float64(), nullable=False),
         pa.field("n_problems", pa.int32(), nullable=False),
         pa.field("n_samples", pa.int32(), nullable=False),  # samples per problem
+        # whose verdicts: the benchmark's own grader, then each of evaluate.graders
+        pa.field("grader", pa.string(), nullable=True),
     ]
 )
 
 
-def config_keys(size: str, bench: str) -> tuple[str, ...]:
+def config_keys(size: str, bench: str, method: str = "base") -> tuple[str, ...]:
     """The parts of the config one evaluation reads (its rule hashes the same ones). The method
-    and its training reach an evaluation only through the model file, the benchmark's source and
-    template only through the problems file: when those change, the files do."""
+    and its training reach an evaluation only through the model file and its evaluation changes
+    (methods.<m>.evaluate), the benchmark's source and template only through the problems file:
+    when those change, the files do."""
+    own = () if method == "base" else (f"methods/{method}/evaluate",)
     return (*(f"evaluate/{k}" for k in EVALUATE_KEYS), f"datasets/{bench}/role",
-            f"models/{size}/tensor_parallel_size", "seed")
+            f"datasets/{bench}/grader", f"models/{size}/tensor_parallel_size", "seed", *own)
 
 
-def metric_rows(samples: pl.DataFrame, k_list: list[int], resamples: int, seed: int) -> list[dict]:
+def max_new_tokens(cfg: Config, method: str) -> int:
+    """The generation limit of a method's evaluations (methods.<m>.evaluate, else evaluate's)."""
+    if method != "base" and cfg.methods[method].evaluate.max_new_tokens is not None:
+        return cfg.methods[method].evaluate.max_new_tokens
+    return cfg.evaluate.max_new_tokens
+
+
+def metric_rows(samples: pl.DataFrame, k_list: list[int], resamples: int, seed: int,
+                grader: str | None = None) -> list[dict]:
     """pass@k for each k, avg@n, and the fractions of answered and truncated responses.
 
     `samples` needs `problem_id`, `correct`, `extracted` and `finish_reason`; problems keep the
@@ -101,8 +121,15 @@ def metric_rows(samples: pl.DataFrame, k_list: list[int], resamples: int, seed: 
     for name, est in estimates.items():
         k = int(name.split("@")[1]) if name.startswith("pass@") else None
         rows.append({"metric": name, "k": k, "value": est.mean, "ci_low": est.low,
-                     "ci_high": est.high, "n_problems": est.n_problems, "n_samples": n})
+                     "ci_high": est.high, "n_problems": est.n_problems, "n_samples": n,
+                     "grader": grader})
     return rows
+
+
+def graders_of(cfg: Config, bench: str) -> list[str]:
+    """The benchmark's own grader, then each other one of evaluate.graders."""
+    own = cfg.datasets[bench].grader
+    return [own, *(g for g in dict.fromkeys(cfg.evaluate.graders) if g != own)]
 
 
 def check_args(args, cfg: Config) -> list[tuple[str, str, Path]]:
@@ -139,9 +166,10 @@ def main(args, cfg: Config) -> None:
     ev = cfg.evaluate
     seed = cfg.seed + args.seed
     settings = SamplingSettings(
-        n=ev.n, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens,
-        seed=seed, batch_size=ev.batch_size,
+        n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
+        max_new_tokens=max_new_tokens(cfg, args.method), seed=seed, batch_size=ev.batch_size,
         tensor_parallel_size=cfg.models[args.size].tensor_parallel_size,
+        batch_invariant=ev.batch_invariant,
     )
     sample = open_sampler(ev.backend, args.model, settings)
     model_ref = json.loads(Path(args.model).read_text())
@@ -149,20 +177,37 @@ def main(args, cfg: Config) -> None:
         samples = sample(problems["prompt"].to_list(), settings,
                          desc=f"eval {args.size}/{args.method}/{bench}")
         golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
-        grades = grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],
-                            [types[s.prompt_idx] for s in samples], ev.grade_timeout_s)
+        graders = graders_of(cfg, bench)
+        verdicts = {g: grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],
+                                  [types[s.prompt_idx] for s in samples], ev.grade_timeout_s, grader=g)
+                    for g in graders}
         ids = problems["problem_id"].to_list()
-        rows = [
-            {"benchmark": bench, "problem_id": ids[s.prompt_idx], "sample_idx": s.sample_idx,
-             "response": s.response, "extracted": g.extracted, "correct": g.correct,
-             "grade_error": g.error, "answer": golds[s.prompt_idx],
-             "answer_type": types[s.prompt_idx], "finish_reason": s.finish_reason,
-             "response_tokens": len(s.response_token_ids)}
-            for s, g in zip(samples, grades, strict=True)
-        ]
+        rows = []
+        for i, s in enumerate(samples):
+            g = verdicts[graders[0]][i]
+            rows.append({
+                "benchmark": bench, "problem_id": ids[s.prompt_idx], "sample_idx": s.sample_idx,
+                "response": s.response, "extracted": g.extracted, "correct": g.correct,
+                "grade_error": g.error, "answer": golds[s.prompt_idx],
+                "answer_type": types[s.prompt_idx], "finish_reason": s.finish_reason,
+                "response_tokens": len(s.response_token_ids), "grader": graders[0],
+                "score": g.score,
+                "other_grades": [{"grader": name, "correct": verdicts[name][i].correct,
+                                  "extracted": verdicts[name][i].extracted,
+                                  "error": verdicts[name][i].error, "score": verdicts[name][i].score}
+                                 for name in graders[1:]] or None,
+            })
         table = pl.from_arrow(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
-        metrics = metric_rows(table, ev.k, ev.bootstrap, seed)
-        prov = provenance("evaluate", STAGE_VERSION, cfg.section_hash(*config_keys(args.size, bench)),
+        metrics = []
+        for name in graders:
+            correct = [v.correct for v in verdicts[name]]
+            # answered: an answer was found (math_dapo's "[INVALID]" is its word for none)
+            found = [None if v.extracted == INVALID else v.extracted for v in verdicts[name]]
+            metrics += metric_rows(table.with_columns(correct=pl.Series(correct),
+                                                      extracted=pl.Series(found, dtype=pl.String)),
+                                   ev.k, ev.bootstrap, seed, grader=name)
+        prov = provenance("evaluate", STAGE_VERSION,
+                          cfg.section_hash(*config_keys(args.size, bench, args.method)),
                           seed, size=args.size, method=args.method, run_seed=args.seed, bench=bench,
                           backend=ev.backend, model=str(args.model), model_ref=model_ref)
         write_parquet(table, out / "samples.parquet", SAMPLE_SCHEMA, prov)

@@ -19,7 +19,7 @@ from .core.grading import grade_many
 from .core.io import provenance, read_parquet, write_parquet
 from .core.problems import PROBLEM_SCHEMA
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 
 ROLLOUT_SCHEMA = pa.schema(
     [
@@ -41,9 +41,13 @@ ROLLOUT_SCHEMA = pa.schema(
 )
 
 
-def read_prompt_files(paths: list[str]) -> pl.DataFrame:
-    """The prepared training prompts of one or more files, pooled in the order given."""
-    return pl.concat([read_parquet(p, PROBLEM_SCHEMA) for p in paths], how="vertical")
+def read_prompt_files(paths: list[str], graders: list[str] | None = None) -> pl.DataFrame:
+    """The prepared training prompts of one or more files, pooled in the order given; with
+    `graders` (one per file: its dataset's), a `grader` column says how each is graded."""
+    frames = [read_parquet(p, PROBLEM_SCHEMA) for p in paths]
+    if graders is not None:
+        frames = [f.with_columns(grader=pl.lit(g)) for f, g in zip(frames, graders, strict=True)]
+    return pl.concat(frames, how="vertical")
 
 
 def pick_prompts(frame, count: int, seed: int):
@@ -54,11 +58,23 @@ def pick_prompts(frame, count: int, seed: int):
     return frame[rows]
 
 
+def config_keys(cfg: Config, size: str) -> tuple[str, ...]:
+    """The parts of the config this stage reads (its rule hashes the same ones)."""
+    return ("rollout", f"models/{size}", "seed", "train/reward_correct", "train/reward_incorrect",
+            "experiment/train_datasets",
+            *(f"datasets/{d}/grader" for d in cfg.experiment.train_datasets))
+
+
 def main(args, cfg: Config) -> None:
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
     r = cfg.rollout
-    problems = pick_prompts(read_prompt_files(args.prompts), r.prompts, cfg.seed)
+    names = cfg.experiment.train_datasets
+    if len(args.prompts) != len(names):
+        raise ConfigError(f"experiment.train_datasets: {len(names)} datasets but "
+                          f"{len(args.prompts)} --prompts files")
+    graders = [cfg.datasets[name].grader for name in names]
+    problems = pick_prompts(read_prompt_files(args.prompts, graders), r.prompts, cfg.seed)
     settings = SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
         seed=cfg.seed, batch_size=r.batch_size,
@@ -68,8 +84,11 @@ def main(args, cfg: Config) -> None:
                        desc=f"rollouts {args.size}")
     ids = problems["problem_id"].to_list()
     golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
+    kinds = problems["grader"].to_list()
     grades = grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],
-                        [types[s.prompt_idx] for s in samples], cfg.evaluate.grade_timeout_s)
+                        [types[s.prompt_idx] for s in samples], cfg.evaluate.grade_timeout_s,
+                        grader=[kinds[s.prompt_idx] for s in samples])
+    right, wrong = cfg.train.reward_values()
     rows = []
     for s, g in zip(samples, grades, strict=True):
         i = s.prompt_idx
@@ -79,11 +98,10 @@ def main(args, cfg: Config) -> None:
             "prompt_token_ids": s.prompt_token_ids, "response_token_ids": s.response_token_ids,
             "finish_reason": s.finish_reason, "answer": golds[i], "answer_type": types[i],
             "extracted": g.extracted, "grade_error": g.error, "correct": g.correct,
-            "reward": cfg.train.reward_correct if g.correct else cfg.train.reward_incorrect,
+            "reward": g.score if g.score is not None else (right if g.correct else wrong),
         })
     prov = provenance("rollout", STAGE_VERSION,
-                      cfg.section_hash("rollout", f"models/{args.size}", "seed", "train/reward_correct",
-                                       "train/reward_incorrect"),
+                      cfg.section_hash(*config_keys(cfg, args.size)),
                       cfg.seed, size=args.size, backend=r.backend)
     write_parquet(rows, args.out, ROLLOUT_SCHEMA, prov)
     acc = sum(row["correct"] for row in rows) / len(rows)

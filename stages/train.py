@@ -87,6 +87,12 @@ METRICS_SCHEMA = pa.schema(
         pa.field("grad_norm", pa.float64(), nullable=False),
         pa.field("loss", pa.float64(), nullable=False),
         pa.field("response_length_mean", pa.float64(), nullable=False),
+        pa.field("rollout_logprob_diff_mean", pa.float64(), nullable=True),
+        pa.field("rollout_logprob_diff_max", pa.float64(), nullable=True),
+        pa.field("rollout_kl", pa.float64(), nullable=True),
+        pa.field("tis_truncated_fraction", pa.float64(), nullable=True),
+        pa.field("generation_batches", pa.int64(), nullable=False),
+        pa.field("micro_batches", pa.int64(), nullable=False),
         pa.field("tokens_per_second", pa.float64(), nullable=False),
         pa.field("time_s", pa.float64(), nullable=False),
     ]
@@ -95,6 +101,14 @@ METRICS_SCHEMA = pa.schema(
 `*_selected_mean`, `selected_fraction`, `clip_fraction` and `kl` (k3 to the base model, null when
 β = 0) over the tokens the selector picked in the step's mini-batches (null when none);
 `grad_norm` (before clipping) and `loss` are means over the step's optimizer steps;
+`rollout_logprob_diff_mean` / `_max`: |log p_sampler − log p_trainer| in nats over the step's
+trained tokens, the trainer's from the sampling pass (the policy that sampled) and the sampler's
+as the sampler returned it at the sampling temperature; `rollout_kl`: the k3 estimate of
+KL(sampler ‖ trainer) on those tokens, e^δ − 1 − δ with δ = log p_trainer − log p_sampler, unclamped
+(all three null when the sampler gave no log-probs); `tis_truncated_fraction`: the share of
+selected tokens whose importance weight was cut at train.tis_cap (null when off);
+`generation_batches`: generation batches sampled (dynamic sampling samples more than one);
+`micro_batches`: forward/backward calls per optimizer step on every rank (the most of any rank);
 `tokens_per_second` is sampled response tokens per second of the step's wall time `time_s`."""
 
 TIME_COLUMNS = ("tokens_per_second", "time_s")
@@ -105,7 +119,8 @@ def config_keys(cfg: Config, size: str, method: str) -> tuple[str, ...]:
     token-statistics chunking, not the token-statistics stage's own keys."""
     return ("train", f"methods/{method}", f"models/{size}", "seed", "token_stats/chunk_positions",
             "token_stats/chunk_vocab", "evaluate/grade_timeout_s", "experiment/train_datasets",
-            *(f"datasets/{d}/max_response_tokens" for d in cfg.experiment.train_datasets))
+            *(f"datasets/{d}/{key}" for d in cfg.experiment.train_datasets
+              for key in ("max_response_tokens", "grader")))
 
 
 def lr_at(step: int, tcfg: Train, lr: float | None = None) -> float:
@@ -124,18 +139,20 @@ def prompt_pool(cfg: Config, paths: list[str]) -> PromptPool:
     if len(paths) != len(names):
         raise ConfigError(f"experiment.train_datasets: {len(names)} datasets but {len(paths)} "
                           f"--prompts files")
-    frames, limits = [], []
+    frames, limits, graders = [], [], []
     for name, path in zip(names, paths, strict=True):
         frame = read_parquet(path, PROBLEM_SCHEMA)
         frames.append(frame)
         limits += [cfg.datasets[name].max_response_tokens or cfg.train.max_response_tokens] * frame.height
+        graders += [cfg.datasets[name].grader] * frame.height
     problems = pl.concat(frames, how="vertical")
     if cfg.train.prompt_pool is not None:
-        problems, limits = problems.head(cfg.train.prompt_pool), limits[: cfg.train.prompt_pool]
+        keep = cfg.train.prompt_pool
+        problems, limits, graders = problems.head(keep), limits[:keep], graders[:keep]
     if problems.height == 0:
         raise ArtifactError(f"{', '.join(paths)}: the training prompt files are empty")
     return PromptPool(problems["prompt"].to_list(), problems["answer"].to_list(),
-                      problems["answer_type"].to_list(), limits)
+                      problems["answer_type"].to_list(), limits, graders)
 
 
 def check_dropout(model, path: str) -> None:
@@ -196,8 +213,20 @@ def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, d
             updates.append(actor_step(engine, mb, method, cfg, dist, gen, pad_id, stats=stats,
                                       on_policy=on_policy, dense=dense, ref_model=ref_model))
     roll.stats = {key: torch.cat([mb.stats[key] for mb in minibatches]) if minibatches
-                  else torch.zeros(0) for key in ("entropy", "renyi2")}
+                  else torch.zeros(0) for key in ("entropy", "renyi2", "logprob")}
     return updates
+
+
+def mismatch_sums(roll: Rollouts) -> list[float]:
+    """[Σ |Δ|, max |Δ|, Σ k3, tokens] of Δ = log p_trainer − log p_sampler over this rank's trained
+    tokens (the trainer's from the sampling pass); NaN when the sampler gave no log-probs."""
+    if roll.sampler_logprobs is None:
+        return [float("nan")] * 3 + [0.0]
+    delta = roll.stats["logprob"].double() - roll.sampler_logprobs.double()
+    if delta.numel() == 0:
+        return [0.0, 0.0, 0.0, 0.0]
+    k3 = torch.expm1(delta) - delta  # e^δ − 1 − δ ≥ 0: unbiased for KL(sampler ‖ trainer)
+    return [float(delta.abs().sum()), float(delta.abs().max()), float(k3.sum()), float(delta.numel())]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +311,7 @@ def check_layout(cfg: Config, method: Method, method_name: str, world: int) -> N
 
 def main(args, cfg: Config) -> None:
     method = check_args(args, cfg)
+    cfg = cfg.for_method(args.method)  # methods.<m>.train applied
     tcfg = cfg.train
     out_dir = Path(args.out_dir)
     resume_dir = Path(args.resume_dir) if args.resume_dir else out_dir.parent / f".{out_dir.name}.resume"
@@ -304,7 +334,12 @@ def main(args, cfg: Config) -> None:
         ref_model.requires_grad_(False)
         ref_model.eval()
     pool = prompt_pool(cfg, args.prompts)
-    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pool.prompts)
+    sizes = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pool.prompts]
+    longest = max(sizes)
+    if tcfg.max_prompt_tokens is not None and longest > tcfg.max_prompt_tokens:
+        raise ConfigError(f"train.max_prompt_tokens: training prompt {sizes.index(longest)} of "
+                          f"{', '.join(args.prompts)} has {longest} tokens, more than "
+                          f"{tcfg.max_prompt_tokens}")
     limit = model.config.max_position_embeddings
     if longest + max(pool.limits) > limit:
         raise ConfigError(f"train.max_response_tokens: {max(pool.limits)} + the longest "
@@ -327,10 +362,11 @@ def main(args, cfg: Config) -> None:
                      args.seed, start, resume_dir)
     if tcfg.backend == "vllm":
         sampler = VllmPolicySampler(
-            args.model, engine.module, tokenizer, world_size=dist.world, seed=run_seed + dist.rank,
+            args.model, engine.module, tokenizer, world_size=dist.world, seed=run_seed,
             gpu_memory_utilization=tcfg.vllm_gpu_memory_utilization,
             max_model_len=longest + max(pool.limits),
-            dtype="bfloat16" if tcfg.dtype == "bfloat16" else "float32")
+            dtype="bfloat16" if tcfg.dtype == "bfloat16" else "float32",
+            batch_invariant=tcfg.batch_invariant)
     else:
         sampler = HfPolicySampler(engine.module, tokenizer, tcfg.generation_batch_size)
 
@@ -345,12 +381,14 @@ def main(args, cfg: Config) -> None:
         roll, consumed = collect(step, consumed, cfg, run_seed, sampler, pool, dist, sampled)
         updates = train_step(step, engine, roll, method, cfg, dist, run_seed, pad_id, ref_model)
         sampler.sync()
-        row = step_metrics(step, sampled, roll.stats, updates, dist, time.perf_counter() - t0,
-                           kl_on=ref_model is not None)
+        row = step_metrics(step, sampled, roll, updates, dist, time.perf_counter() - t0,
+                           kl_on=ref_model is not None, tis_on=tcfg.tis_cap is not None)
         rows.append(row)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", H=f"{row['entropy_mean']:.3f}")
         done = step + 1
+        if tcfg.save_every and done % tcfg.save_every == 0 and done < tcfg.steps:
+            save_model(engine.module, tokenizer, cfg, args, out_dir / checkpoint_name(done), dist)
         if done % tcfg.checkpoint_every == 0 and done < tcfg.steps:
             save_state(engine, resume_dir, {"fingerprint": expected, "world_size": dist.world,
                                             "step": done, "consumed": consumed, "metrics": rows},
@@ -367,9 +405,32 @@ def cli_progress(start: int, total: int, desc: str, rank: int):
     return progress(total=total, initial=start, desc=desc, unit="step", disable=rank != 0)
 
 
-def step_metrics(step: int, sampled: Sampled, old: dict[str, torch.Tensor], updates: list[Update], dist: Dist,
-                 seconds: float, kl_on: bool) -> dict:
+def checkpoint_name(step: int) -> str:
+    """The folder, inside the training's output folder, of the checkpoint saved after `step` steps."""
+    return f"checkpoints/step={step}"
+
+
+def checkpoint_steps(tcfg: Train) -> list[int]:
+    """The steps after which a checkpoint is saved (train.save_every; the final model is not one)."""
+    if not tcfg.save_every:
+        return []
+    return list(range(tcfg.save_every, tcfg.steps, tcfg.save_every))
+
+
+def save_model(model, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -> None:
+    """A Hugging Face copy of the policy (rank 0) with a model.json pointing at it, for evaluation."""
+    if dist.rank == 0:
+        with atomic_dir(folder) as tmp:
+            model.save_pretrained(tmp / "model")
+            tokenizer.save_pretrained(tmp / "model")
+            write_json(tmp / "model.json", {"kind": "scratch", "path": "model"})
+    dist.barrier()
+
+
+def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Update], dist: Dist,
+                 seconds: float, kl_on: bool, tis_on: bool = False) -> dict:
     """One row of metrics.parquet, the same on every rank."""
+    old = roll.stats
     s = dist.sum(torch.tensor([
         sampled.responses, sampled.correct, sampled.reward, sampled.tokens,
         float(old["entropy"].double().sum()), float(old["renyi2"].double().sum()),
@@ -378,9 +439,15 @@ def step_metrics(step: int, sampled: Sampled, old: dict[str, torch.Tensor], upda
     n_sel = sum(u.n_selected for u in updates)
     n_valid = sum(u.n_valid for u in updates)
     kl = sum(u.kl_sum for u in updates)
+    diff_sum, diff_max, k3_sum, n_tok = mismatch_sums(roll)
+    diff_sum, k3_sum, n_tok = dist.sum(torch.tensor([diff_sum, k3_sum, n_tok], dtype=torch.float64)).tolist()
+    diff_max = float(dist.cat(torch.tensor([diff_max], dtype=torch.float64)).max())
 
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
+
+    def finite(value: float | None) -> float | None:
+        return None if value is None or value != value else value  # NaN: no sampler log-probs
 
     return {
         "step": step,
@@ -396,6 +463,12 @@ def step_metrics(step: int, sampled: Sampled, old: dict[str, torch.Tensor], upda
         "grad_norm": sum(u.grad_norm for u in updates) / len(updates) if updates else 0.0,
         "loss": sum(u.loss for u in updates) / len(updates) if updates else 0.0,
         "response_length_mean": s[3] / s[0],
+        "rollout_logprob_diff_mean": finite(ratio(diff_sum, n_tok)),
+        "rollout_logprob_diff_max": finite(diff_max) if n_tok else None,
+        "rollout_kl": finite(ratio(k3_sum, n_tok)),
+        "tis_truncated_fraction": ratio(sum(u.n_truncated for u in updates), n_sel) if tis_on else None,
+        "generation_batches": sampled.generation_batches,
+        "micro_batches": max((u.micro_batches for u in updates), default=0),
         "tokens_per_second": s[3] / seconds,
         "time_s": seconds,
     }

@@ -114,8 +114,9 @@ def test_stage_writes_consistent_samples_and_metrics(stage):
     # the metrics are those of the samples, recomputed
     metrics = pl.read_parquet(out / "metrics.parquet")
     assert metrics.columns == METRIC_SCHEMA.names
-    expected = metric_rows(samples, [1, 2, 4], resamples=50, seed=0)
+    expected = metric_rows(samples, [1, 2, 4], resamples=50, seed=0, grader="verify")
     assert metrics.to_dicts() == expected
+    assert set(samples["grader"]) == {"verify"} and samples["other_grades"].null_count() == samples.height
     prov = read_provenance(out / "metrics.parquet")
     assert (prov["stage"], prov["size"], prov["method"], prov["bench"]) == ("evaluate", "tiny-s", "base", "arith-easy")
     assert prov["model_ref"] == {"kind": "scratch", "path": "checkpoint"}
@@ -129,6 +130,50 @@ def test_stage_writes_consistent_samples_and_metrics(stage):
     # seeded: a second run (in this process) gives the same samples
     in_process(d, cfg, d / "again")
     assert pl.read_parquet(d / "again" / "samples.parquet").equals(samples)
+
+
+def test_extra_graders_side_by_side(stage, tmp_path):
+    """evaluate.graders: each sample's verdict under every grader, and one set of metrics each;
+    math_dapo reads only an "Answer:" line, which the arithmetic responses never write."""
+    d, cfg = stage
+    raw = yaml.safe_load(cfg.read_text())
+    raw["evaluate"]["graders"] = ["math_dapo", "verify"]  # the benchmark's own is not repeated
+    both = write_yaml(tmp_path / "both.yaml", raw)
+    in_process(d, both, tmp_path / "out")
+    samples = pl.read_parquet(tmp_path / "out" / "samples.parquet")
+    others = samples["other_grades"].to_list()
+    assert all([g["grader"] for g in o] == ["math_dapo"] for o in others)
+    assert all(o[0]["extracted"] == "[INVALID]" and o[0]["score"] == -1.0 and not o[0]["correct"]
+               for o in others)
+    metrics = pl.read_parquet(tmp_path / "out" / "metrics.parquet")
+    assert metrics["grader"].unique(maintain_order=True).to_list() == ["verify", "math_dapo"]
+    dapo = {r["metric"]: r["value"] for r in metrics.filter(pl.col("grader") == "math_dapo").to_dicts()}
+    assert dapo["pass@1"] == 0.0 and dapo["answered"] == 0.0
+    # the samples and the benchmark's own verdicts do not depend on the extra graders
+    alone = pl.read_parquet(d / "eval" / "size=tiny-s" / "method=base" / "seed=0" / "bench=arith-easy"
+                            / "samples.parquet")
+    assert samples.drop("other_grades").equals(alone.drop("other_grades"))
+
+
+def test_a_method_may_lengthen_its_evaluations(stage, tmp_path):
+    """methods.<m>.evaluate.max_new_tokens (the 80/20 paper's 29k run) reaches its evaluations
+    and their config hash, not the base model's."""
+    from stages.config import validate
+    from stages.evaluate import max_new_tokens
+
+    d, cfg = stage
+    raw = yaml.safe_load(cfg.read_text())
+    base = validate(raw, "x")
+    raw["methods"]["grpo"]["evaluate"] = {"max_new_tokens": 3}
+    longer = validate(raw, "x")
+    assert (max_new_tokens(longer, "grpo"), max_new_tokens(longer, "base")) == (3, 10)
+    assert longer.section_hash(*config_keys("tiny-s", "arith-easy", "grpo")) != \
+        base.section_hash(*config_keys("tiny-s", "arith-easy", "grpo"))
+    assert longer.section_hash(*config_keys("tiny-s", "arith-easy")) == \
+        base.section_hash(*config_keys("tiny-s", "arith-easy"))
+    in_process(d, write_yaml(tmp_path / "m.yaml", raw), tmp_path / "out", method="grpo",
+               model=d / "base.json")
+    assert pl.read_parquet(tmp_path / "out" / "samples.parquet")["response_tokens"].max() <= 3
 
 
 def test_config_keys_ignore_the_table_layout(stage):

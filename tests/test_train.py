@@ -239,7 +239,7 @@ def test_micro_loss_sums_to_the_minibatch_loss_for_any_split():
         total, terms = 0.0, 0.0
         for part in (slice(0, 4), slice(4, 11), slice(11, n)):
             pick = sel[part].nonzero().squeeze(1) + part.start
-            term, value, _, _ = micro_loss(logp[pick], old[pick], adv[pick], w[pick], loss, world, ref[pick])
+            term, value, _, _, _ = micro_loss(logp[pick], old[pick], adv[pick], w[pick], loss, world, ref[pick])
             total += value
             terms += float(term)
         assert total == pytest.approx(float(expect), rel=1e-12)
@@ -486,7 +486,9 @@ def test_first_on_policy_ratio_is_one_and_kl_zero(job, dtype):
     came from one scorer (the head in float32 reductions) and the reference from the same rows."""
     d, raw = job
     cfg = copy.deepcopy(raw)
+    # one mini-batch per step: step 0's only update is the on-policy one
     cfg["train"].update(steps=2, dtype=dtype, gradient_checkpointing=True, micro_batch_size=3,
+                        mini_batch_prompts=cfg["train"]["prompts_per_step"],
                         zero_stage=1 if dtype == "bfloat16" else 0,
                         loss={"kl_beta": 0.05, "denominator": "sequence"})
     write_yaml(d / f"kl-{dtype}.yaml", cfg)
@@ -556,10 +558,11 @@ class _ScriptedSampler:
     def __init__(self):
         self.calls = []
 
-    def sample(self, prompts, *, n, temperature, top_p, max_new_tokens, seed, desc=""):
+    def sample(self, prompts, *, n, temperature, top_p, max_new_tokens, prompt_seeds, desc=""):
         from stages.core.generation import Sample
 
         self.calls.append(list(max_new_tokens))
+        self.seeds = list(prompt_seeds)
         out = []
         for i, p in enumerate(prompts):
             for j in range(n):
@@ -572,8 +575,8 @@ class _ScriptedSampler:
 def test_dynamic_sampling_filters_groups_on_correctness_not_reward(test_raw):
     raw = copy.deepcopy(test_raw)
     raw["train"].update(prompts_per_step=3, mini_batch_prompts=3, group_size=4,
-                        dynamic_sampling=True, max_sampling_rounds=1, max_response_tokens=6,
-                        overlong_buffer=3)
+                        dynamic_sampling=True, dynamic_sampling_pool="rank", max_sampling_rounds=1,
+                        max_response_tokens=6, overlong_buffer=3)
     cfg = validate(raw, "t.yaml")
     pool = rollouts.PromptPool(["right", "wrong", "mixed"], ["7", "7", "7"], ["math"] * 3, [6, 5, 6])
     dist = engine_glue.Dist(0, 1, torch.device("cpu"))
@@ -598,7 +601,8 @@ def test_config_keys_are_what_the_trainer_reads(test_raw):
     assert validate(raw, "t.yaml").section_hash(*keys) == base.section_hash(*keys)
     raw["datasets"]["rl"]["max_response_tokens"] = 7
     assert validate(raw, "t.yaml").section_hash(*keys) != base.section_hash(*keys)
+    before = validate(raw, "t.yaml").section_hash(*keys)
+    raw["datasets"]["rl"]["grader"] = "math_dapo"  # the training reward
+    assert validate(raw, "t.yaml").section_hash(*keys) != before
     text = (ROOT / "workflow" / "rules" / "train.smk").read_text()
-    for key in ("token_stats/chunk_positions", "token_stats/chunk_vocab", "experiment/train_datasets",
-                "max_response_tokens"):
-        assert key in text  # the rule's hash lists the same parts
+    assert "train_config_keys(CFG, w.size, w.method)" in text  # the rule hashes the same parts

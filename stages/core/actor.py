@@ -11,7 +11,18 @@
    back-propagate. On-policy (the first update after sampling) the old log-prob is the current
    one detached, so the ratio is exactly 1; the reference log-prob is computed by the same
    function on the same rows, so the k3 KL is exactly 0 while the policy equals the reference.
-4. DeepSpeed reduces the gradients (float32) across ranks, clips them and steps AdamW.
+   With `train.tis_cap` the policy-gradient term of each token is weighted by truncated
+   importance sampling against the sampler (METHODS; verl's and TRL's TIS).
+4. Every rank runs the same number of forward/backward calls: ranks whose token budget gives
+   fewer micro-batches add empty ones (a forward whose selection is empty: exactly zero
+   gradient), since ZeRO-2 reduces gradients on every backward and would otherwise wait forever.
+5. DeepSpeed reduces the gradients (float32) across ranks, clips them and steps AdamW.
+
+`methods.<m>.selection_scope: microbatch` replaces 1-2 by the released 80/20 code's scope: each
+micro-batch ranks its own tokens, scored by the current policy in that micro-batch's own forward
+pass (entropy from the hidden states it back-propagates through), and its loss is the mean over
+its own selected tokens scaled by its share B_micro / B_mini of the rank's mini-batch sequences;
+ranks' losses are averaged.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from .losses import clipped_surrogate, k3_kl, loss_weights
 from .rollouts import Rollouts
 from .scorer import Chunks, head_logprob, micro_batches, response_rows, trunk_hidden
 from .selectors import STATISTICS, SelectionInput, grid, select_tokens, valid_grid
+from .stats import chunked_token_statistics
 
 
 @dataclass
@@ -42,6 +54,8 @@ class Update:
     entropy_selected_sum: float
     renyi2_selected_sum: float
     mask: Tensor  # (B_global, T) the selection, for tests
+    n_truncated: int = 0  # selected tokens whose importance weight was cut at train.tis_cap
+    micro_batches: int = 0  # forward/backward calls of this optimizer step on each rank
 
 
 @dataclass
@@ -81,16 +95,31 @@ def select(method: Method, mb: Rollouts, stats: dict[str, Tensor], dist: Dist,
 
 
 def micro_loss(logp: Tensor, old: Tensor, advantages: Tensor, weights: Tensor, loss: Loss,
-               world: int, ref: Tensor | None = None) -> tuple[Tensor, float, int, float]:
+               world: int, ref: Tensor | None = None, *, sampling: Tensor | None = None,
+               sampler: Tensor | None = None,
+               tis_cap: float | None = None) -> tuple[Tensor, float, int, float, int]:
     """The loss of one micro-batch's selected tokens, scaled for DeepSpeed.
 
-    logp (n,) with gradient, old (n,), advantages (n,), weights (n,) from loss_weights over the
-    whole mini-batch, ref (n,) when β > 0. Returns (term to back-propagate, its value Σ w ℓ,
-    clipped tokens, Σ k3 KL). ℓ = clipped surrogate + β·k3. DeepSpeed averages gradients over
-    ranks while the mini-batch loss is a sum over them, so the term is Σ w ℓ × world: the sum of
-    the micro-batches' values over every rank is the mini-batch's loss (METHODS §4)."""
+    logp (n,) with gradient, old (n,) the ratio's denominator, advantages (n,), weights (n,) from
+    loss_weights over the whole mini-batch, ref (n,) when β > 0. Returns (term to back-propagate,
+    its value Σ w ℓ, clipped tokens, Σ k3 KL, truncated tokens). ℓ = ψ · clipped surrogate + β·k3,
+    where ψ is the truncated importance weight min(exp(sampling − sampler), tis_cap) when tis_cap
+    is set — sampling: the trainer's log-prob under the policy that sampled (the sampling pass,
+    detached; not the current log-prob, and not the on-policy old = logp.detach(), whose weight
+    would always be 1), sampler: the sampler's own — and 1 otherwise. ψ multiplies the
+    policy-gradient term after clipping and dual-clip, never the KL and never the normaliser.
+    DeepSpeed averages gradients over ranks while the mini-batch loss is a sum over them, so the
+    term is Σ w ℓ × world: the sum of the micro-batches' values over every rank is the
+    mini-batch's loss (METHODS §4)."""
     token_loss, clipped = clipped_surrogate(logp, old, advantages, loss.eps_low, loss.eps_high,
                                             loss.dual_clip)
+    truncated = 0
+    if tis_cap is not None:
+        if sampler is None or sampling is None:
+            raise ValueError("train.tis_cap needs the sampler's and the sampling pass's log-probs")
+        psi, cut = truncated_importance_weights(sampling, sampler, tis_cap)
+        token_loss = token_loss * psi.to(token_loss.dtype)
+        truncated = int(cut.sum())
     kl_sum = 0.0
     if loss.kl_beta > 0:
         if ref is None:
@@ -99,7 +128,41 @@ def micro_loss(logp: Tensor, old: Tensor, advantages: Tensor, weights: Tensor, l
         token_loss = token_loss + loss.kl_beta * kl
         kl_sum = float(kl.detach().double().sum())
     part = (weights.to(logp.dtype) * token_loss).sum()
-    return part * world, float(part.detach()), int(clipped.sum()), kl_sum
+    return part * world, float(part.detach()), int(clipped.sum()), kl_sum, truncated
+
+
+def truncated_importance_weights(old: Tensor, sampler: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """(ψ = min(exp(old − sampler), cap), truncated: where exp(old − sampler) > cap), per token.
+
+    old: the trainer's log-prob of each sampled token under the policy that sampled it (the
+    sampling pass, detached), sampler: the sampler's own log-prob of it (nats). ψ corrects the
+    sampler/trainer mismatch of the responses' distribution, as verl's and TRL's truncated
+    importance sampling do; it is 1 wherever the two agree."""
+    if not cap > 0:
+        raise ValueError(f"tis_cap must be > 0, got {cap}")
+    ratio = torch.exp(old.detach().double() - sampler.detach().double())
+    return ratio.clamp(max=cap), ratio > cap
+
+
+def _micro_scope_select(method: Method, hidden_rows: Tensor, ids: Tensor, lengths: list[int],
+                        advantages: Tensor, head, temperature: float, chunks: Chunks,
+                        generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+    """The released 80/20 code's selection: the method's mask over one micro-batch's own tokens,
+    scored by the current policy from the hidden states of this very forward pass (detached).
+    Returns (selected (n,) bool over the micro-batch's response tokens, their statistics)."""
+    needs = method.needs()
+    stats = chunked_token_statistics(hidden_rows.detach(), head.weight, ids, temperature,
+                                     head_bias=head.bias, jsd="jsd" in needs,
+                                     chunk_positions=chunks.positions, chunk_vocab=chunks.vocab)
+    valid = valid_grid(lengths)
+    fields = {name: grid(stats[name].float().cpu(), lengths) for name in needs & set(STATISTICS)}
+    if "token_ids" in needs:
+        fields["token_ids"] = grid(ids.cpu(), lengths)
+    if "advantages" in needs:
+        fields["advantages"] = advantages.float().cpu()
+    inp = SelectionInput(valid=valid, generator=generator, **fields)
+    mask = select_tokens(method.selector, inp, **method.selector_params())
+    return mask[valid], {k: v.float().cpu() for k, v in stats.items()}
 
 
 def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
@@ -108,41 +171,74 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
     """One optimizer step on a mini-batch (this rank's part in `mb`).
 
     stats: per-token scores of mb's tokens (flat (N,)) for the selector; mb.stats: the sampling
-    policy's (old log-probs when not on-policy)."""
+    policy's (old log-probs when not on-policy); mb.sampler_logprobs: the sampler's own."""
     tcfg, loss_cfg = cfg.train, cfg.train.loss
     model, device, temp = engine.module, dist.device, tcfg.temperature
     chunks = Chunks(cfg.token_stats.chunk_positions, cfg.token_stats.chunk_vocab)
     head = model.get_output_embeddings()
-    sel = select(method, mb, stats, dist, generator, loss_cfg.denominator, dense)
+    micro_scope = method.selection_scope == "microbatch" and not dense
+    sel = None if micro_scope else select(method, mb, stats, dist, generator, loss_cfg.denominator, dense)
     ids = mb.token_ids()  # (N,)
     adv_tok = mb.advantages.float().repeat_interleave(torch.tensor(mb.lengths, dtype=torch.long))
     starts = torch.tensor([0] + mb.lengths).cumsum(0).tolist()
     totals = [len(p) + len(r) for p, r in zip(mb.prompt_ids, mb.response_ids, strict=True)]
     micro = micro_batches(totals, tcfg.micro_batch_size, tcfg.micro_batch_tokens)
-    total, clipped_n, kl_sum = 0.0, 0, 0.0
-    for j, m in enumerate(micro):
-        engine.set_gradient_accumulation_boundary(j == len(micro) - 1)
+    calls = dist.max(len(micro))  # every rank backward()s equally often (ZeRO-2 reduces in each)
+    if tcfg.tis_cap is not None and mb.sampler_logprobs is None:
+        raise ValueError("train.tis_cap: the sampler gave no log-probs of its tokens")
+    total, clipped_n, kl_sum, truncated = 0.0, 0, 0.0, 0
+    picked_local = torch.zeros(len(ids), dtype=torch.bool)
+    micro_stats: dict[str, list[Tensor]] = {"entropy": [], "renyi2": []}
+    for j in range(calls):
+        engine.set_gradient_accumulation_boundary(j == calls - 1)
+        padding = j >= len(micro)
+        m = micro[0] if padding else micro[j]  # a padding call re-runs a micro-batch, selecting nothing
         prompts = [mb.prompt_ids[i] for i in m]
         responses = [mb.response_ids[i] for i in m]
         a, b = starts[m.start], starts[m.stop]
-        pick = sel.selected[a:b].nonzero().squeeze(1)  # (n_sel,) within the micro-batch
         hidden, flat = trunk_hidden(model, prompts, responses, pad_id, device)
+        if padding:
+            pick = torch.zeros(0, dtype=torch.long)
+        elif micro_scope:
+            rows = response_rows(hidden, flat)
+            chosen, mstats = _micro_scope_select(method, rows, ids[a:b].to(device),
+                                                 [len(r) for r in responses], mb.advantages[m.start:m.stop],
+                                                 head, temp, chunks, generator)
+            pick = chosen.nonzero().squeeze(1)
+            for key in micro_stats:
+                micro_stats[key].append(mstats[key])
+        else:
+            pick = sel.selected[a:b].nonzero().squeeze(1)  # (n_sel,) within the micro-batch
+        if not padding:
+            picked_local[a:b][pick] = True
         tokens = ids[a:b][pick].to(device)
         logp = head_logprob(head, response_rows(hidden, flat, pick), tokens, temp, chunks)
         old = logp.detach() if on_policy else mb.stats["logprob"][a:b][pick].to(device, logp.dtype)
+        if micro_scope and not padding:  # its own selected tokens, scaled by its share of the rank's sequences
+            n_pick = max(int(pick.numel()), 1)
+            weights = torch.full((int(pick.numel()),), len(m) / len(mb.response_ids) / n_pick / dist.world,
+                                 dtype=torch.float64)
+        elif padding:
+            weights = torch.zeros(0, dtype=torch.float64)
+        else:
+            weights = sel.weights[a:b][pick]
         ref = None
         if loss_cfg.kl_beta > 0:
             with torch.no_grad():
                 rh, rf = trunk_hidden(ref_model, prompts, responses, pad_id, device)
                 ref = head_logprob(ref_model.get_output_embeddings(), response_rows(rh, rf, pick),
                                    tokens, temp, chunks)
-        term, value, clipped, kl = micro_loss(logp, old, adv_tok[a:b][pick].to(device),
-                                              sel.weights[a:b][pick].to(device), loss_cfg,
-                                              dist.world, ref)
+        tis = {}
+        if tcfg.tis_cap is not None:
+            tis = {"sampling": mb.stats["logprob"][a:b][pick].to(device),
+                   "sampler": mb.sampler_logprobs[a:b][pick].to(device), "tis_cap": tcfg.tis_cap}
+        term, value, clipped, kl, cut = micro_loss(logp, old, adv_tok[a:b][pick].to(device),
+                                                   weights.to(device), loss_cfg, dist.world, ref, **tis)
         engine.backward(term)
         total += value
         clipped_n += clipped
         kl_sum += kl
+        truncated += cut
         del hidden, logp, term
     grad_norm = None
     if tcfg.zero_stage == 0:  # ZeRO-0 keeps reduced full gradients on every rank
@@ -151,12 +247,20 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
     engine.step()
     if grad_norm is None:
         grad_norm = float(engine.get_global_grad_norm() or 0.0)
-    sums = dist.sum(torch.tensor([total, clipped_n, kl_sum], dtype=torch.float64))
-    picked = sel.mask[sel.valid]  # (N_all,)
+    sums = dist.sum(torch.tensor([total, clipped_n, kl_sum, truncated], dtype=torch.float64))
+    if micro_scope:
+        lengths_all = torch.cat(dist.gather(torch.tensor(mb.lengths, dtype=torch.long)))
+        valid = valid_grid(lengths_all)
+        mask = grid(dist.cat(picked_local), lengths_all, fill=False)
+        scored = {k: torch.cat(v) if v else torch.zeros(0) for k, v in micro_stats.items()}
+    else:
+        valid, mask, scored = sel.valid, sel.mask, stats
+    picked = mask[valid]  # (N_all,)
     h_sel = h2_sel = 0.0
-    if "entropy" in stats:
-        h_sel = float(dist.cat(stats["entropy"].float())[picked].double().sum())
-        h2_sel = float(dist.cat(stats["renyi2"].float())[picked].double().sum())
-    return Update(loss=float(sums[0]), grad_norm=grad_norm, n_valid=int(sel.valid.sum()),
-                  n_selected=int(sel.mask.sum()), n_clipped=int(sums[1]), kl_sum=float(sums[2]),
-                  entropy_selected_sum=h_sel, renyi2_selected_sum=h2_sel, mask=sel.mask)
+    if "entropy" in scored:
+        h_sel = float(dist.cat(scored["entropy"].float())[picked].double().sum())
+        h2_sel = float(dist.cat(scored["renyi2"].float())[picked].double().sum())
+    return Update(loss=float(sums[0]), grad_norm=grad_norm, n_valid=int(valid.sum()),
+                  n_selected=int(mask.sum()), n_clipped=int(sums[1]), kl_sum=float(sums[2]),
+                  entropy_selected_sum=h_sel, renyi2_selected_sum=h2_sel, mask=mask,
+                  n_truncated=int(sums[3]), micro_batches=calls)

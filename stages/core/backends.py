@@ -7,10 +7,11 @@ when the `vllm` backend is selected: it is an optional extra that needs a GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .generation import Sample, per_prompt, sample_hf, stop_token_ids
+from .generation import Sample, per_prompt, prompt_seed, sample_hf, stop_token_ids
 from .modeling import load_model_and_tokenizer, load_reference
 
 
@@ -23,6 +24,7 @@ class SamplingSettings:
     seed: int
     batch_size: int = 64  # hf only: sequences per generate() call
     tensor_parallel_size: int = 1  # vllm only
+    batch_invariant: bool = False  # vllm only: VLLM_BATCH_INVARIANT=1 (evaluate.batch_invariant)
 
 
 def generate(backend: str, model_ref: str | Path, prompts: list[str], s: SamplingSettings,
@@ -34,8 +36,8 @@ def generate(backend: str, model_ref: str | Path, prompts: list[str], s: Samplin
 def open_sampler(backend: str, model_ref: str | Path, s: SamplingSettings):
     """Load the model once; returns sample(prompts, settings, desc) -> list[Sample].
 
-    Each call draws as a fresh `generate` would (hf reseeds every batch from settings.seed;
-    vLLM seeds every prompt), so one loaded model serves several benchmarks with the same
+    Each call draws as a fresh `generate` would (both backends seed every prompt from
+    settings.seed and its index), so one loaded model serves several benchmarks with the same
     samples as one process per benchmark."""
     if backend == "hf":
         import torch
@@ -66,26 +68,29 @@ def vllm_source(model_ref: str | Path) -> tuple[str, str | None]:
     return (ref["path"], None) if ref["kind"] == "scratch" else (ref["model_id"], ref["revision"])
 
 
-def prompt_seed(seed: int, index: int) -> int:
-    """The sampling seed of prompt `index` of a call seeded with `seed` (31 bits)."""
-    return (seed * 1_000_003 + index) % (1 << 31)
-
-
 def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: float, top_p: float,
-                max_new_tokens: int | list[int], seed: int, use_tqdm: bool = True) -> list[Sample]:
+                max_new_tokens: int | list[int], seed: int = 0, prompt_seeds: list[int] | None = None,
+                logprobs: bool = False, use_tqdm: bool = True) -> list[Sample]:
     """`n` responses to every prompt from a vLLM engine, as `hf`'s :class:`Sample` rows, ordered
     by (prompt, sample). The rollout, evaluation and training stages all sample vLLM here.
 
-    Each prompt has its own SamplingParams: its own seed (prompt_seed), so a prompt's responses
-    do not depend on which other prompts share the call, and its own limit (one or one per
-    prompt); responses stop at end-of-text and at the chat template's end-of-turn token."""
+    Each prompt has its own SamplingParams: its own seed (prompt_seeds[i], else
+    prompt_seed(seed, i): hashed, as the hf backend's, so the seeds + j of one prompt's samples
+    never meet another prompt's), so a prompt's responses do not depend on which other prompts
+    share the call, and its own limit (one or one per prompt); responses stop at end-of-text and
+    at the chat template's end-of-turn token. logprobs=True asks for the sampled token's log-prob
+    (SamplingParams.logprobs=0; the engine must be built with logprobs_mode="processed_logprobs"
+    for them to be those of the distribution sampled from, after temperature and top-p)."""
     from vllm import SamplingParams  # optional extra: imported only here
 
     limits = per_prompt(max_new_tokens, len(prompts))
+    seeds = list(prompt_seeds) if prompt_seeds is not None else [prompt_seed(seed, i) for i in range(len(prompts))]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} prompt seeds for {len(prompts)} prompts")
     stops = stop_token_ids(tokenizer)
+    extra = {"logprobs": 0} if logprobs else {}
     params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=limits[i],
-                             seed=prompt_seed(seed, i), stop_token_ids=stops,
-                             skip_special_tokens=True)
+                             seed=seeds[i], stop_token_ids=stops, skip_special_tokens=True, **extra)
               for i in range(len(prompts))]
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=use_tqdm)
@@ -93,7 +98,11 @@ def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: floa
     for i, out in enumerate(outputs):
         for j, completion in enumerate(out.outputs):
             reason = "stop" if completion.finish_reason == "stop" else "length"
-            samples.append(Sample(i, j, prompt_ids[i], list(completion.token_ids), completion.text, reason))
+            tokens = list(completion.token_ids)
+            lp = None
+            if logprobs:  # one {token id: Logprob} per position; the sampled token is always in it
+                lp = [float(step[t].logprob) for step, t in zip(completion.logprobs, tokens, strict=True)]
+            samples.append(Sample(i, j, prompt_ids[i], tokens, completion.text, reason, lp))
     return samples
 
 
@@ -102,5 +111,7 @@ def vllm_engine(model_ref: str | Path, s: SamplingSettings):
     from vllm import LLM  # optional extra: imported only here
 
     where, revision = vllm_source(model_ref)
+    if s.batch_invariant:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read when the engine is built
     return LLM(model=where, revision=revision, tokenizer_revision=revision,
                tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")

@@ -35,12 +35,18 @@ class Dist:
         return buf.to(t.device)
 
     def min(self, value: int) -> int:
+        return self._reduce(value, "MIN")
+
+    def max(self, value: int) -> int:
+        return self._reduce(value, "MAX")
+
+    def _reduce(self, value: int, op: str) -> int:
         if self.world == 1:
             return value
         import torch.distributed as dist
 
         buf = torch.tensor([value], dtype=torch.long, device=self.device)
-        dist.all_reduce(buf, op=dist.ReduceOp.MIN)
+        dist.all_reduce(buf, op=getattr(dist.ReduceOp, op))
         return int(buf.item())
 
     def gather(self, t: Tensor) -> list[Tensor]:
@@ -61,6 +67,20 @@ class Dist:
 
     def cat(self, t: Tensor) -> Tensor:
         return torch.cat(self.gather(t))
+
+    def exchange(self, outgoing: list[list]) -> list:
+        """Send the objects outgoing[r] to rank r (every rank calls this); returns what this rank
+        received, in the order of the sending ranks."""
+        if self.world == 1:
+            return list(outgoing[0])
+        import torch.distributed as dist
+
+        received: list = []
+        for src in range(self.world):
+            box = [None]
+            dist.scatter_object_list(box, outgoing if self.rank == src else None, src=src)
+            received += box[0]
+        return received
 
     def barrier(self) -> None:
         if self.world > 1:

@@ -122,14 +122,19 @@ def aggregate_loss(token_loss: Tensor, selected: Tensor, valid: Tensor, denomina
     return (torch.where(w != 0, token_loss, torch.zeros_like(token_loss)) * w).sum()
 
 
-def overlong_penalty(lengths: Tensor, max_length: int | Tensor, buffer: int) -> Tensor:
-    """DAPO's soft overlong penalty per response: min(−(L − (L_max − L_buf)) / L_buf, 0), ≥ −1.
+def overlong_penalty(lengths: Tensor, max_length: int | Tensor, buffer: int,
+                     factor: float = 1.0) -> Tensor:
+    """DAPO's soft overlong penalty per response: min(−(L − (L_max − L_buf)) / L_buf · factor, 0).
 
-    0 up to L_max − L_buf tokens, then falling linearly to −1 at L_max (and beyond). max_length
-    is one limit or one per response (datasets may have their own).
+    0 up to L_max − L_buf tokens, then falling linearly to −factor at L_max (a response never
+    exceeds L_max; longer lengths are held at −factor). max_length is one limit or one per response
+    (datasets may have their own); the buffer must be shorter than every limit. As verl's DAPO
+    reward manager, the penalty is added to the reward once and never to the correctness.
     """
     limit = torch.as_tensor(max_length, dtype=torch.float64)
-    if not (buffer > 0 and bool((buffer <= limit).all())):
-        raise ValueError(f"overlong buffer must lie in (0, max_length={max_length}], got {buffer}")
+    if not (buffer > 0 and bool((buffer < limit).all())):
+        raise ValueError(f"overlong buffer must lie in (0, max_length={max_length}), got {buffer}")
+    if not factor > 0:
+        raise ValueError(f"overlong penalty factor must be > 0, got {factor}")
     excess = lengths.to(torch.float64) - (limit - buffer)
-    return torch.clamp(-excess / buffer, min=-1.0, max=0.0)
+    return torch.clamp(-excess / buffer * factor, min=-factor, max=0.0)

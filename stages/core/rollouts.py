@@ -1,16 +1,31 @@
 """Rollout collection of the trainer: prompts, sampling, grading, DAPO filtering, advantages.
 
-Each rollout step takes the next `prompts_per_step` prompts of a seeded shuffle of the prompt
-pool (one shuffle per epoch), samples `group_size` responses for each from the current policy,
-grades them, and turns rewards into group-relative advantages (METHODS §4), optionally with
-DAPO's overlong penalty and dynamic sampling (groups whose responses are all correct or all
-wrong carry no signal and are replaced by groups of the next prompts).
+Each rollout step takes the next prompts of a seeded shuffle of the prompt pool (one shuffle per
+epoch), samples `group_size` responses for each from the current policy, grades them with each
+prompt's dataset's grader, and turns rewards into group-relative advantages (METHODS §4),
+optionally with DAPO's overlong penalty and dynamic sampling.
+
+Seeds: prompt i of a step is sampled with a seed hashed from (run seed, step, i's index in the
+prompt pool), never from its slot or the rank, so a prompt's responses do not depend on which
+rank samples it or on the other prompts of the call (both backends; stages.core.generation).
+
+Dynamic sampling (`train.dynamic_sampling`) keeps a group only when its responses' correctness
+varies (not their reward: the overlong penalty makes equal answers differ); a constant group has
+no advantage. A generation batch is `generation_batch_multiple` × prompts_per_step prompts.
+- `dynamic_sampling_pool: ranks` (verl's DAPO trainer): every rank samples its share of each
+  generation batch, kept groups are counted over all ranks and accumulate, in the order of the
+  prompt stream, until prompts_per_step are kept; those are trained and the surplus is dropped,
+  each kept group moving to the rank that trains its mini-batch slot. A step still short after
+  `max_sampling_rounds` generation batches stops the run (:class:`SamplingExhausted`).
+- `dynamic_sampling_pool: rank`: each rank refills its own slots from further generation batches,
+  and after `max_sampling_rounds` every rank trains on as many groups as the rank that kept
+  fewest (the step may be short).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -18,13 +33,30 @@ from torch import Tensor
 
 from ..config import Config
 from .engine import Dist
+from .generation import hashed_seed
 from .losses import group_advantages, overlong_penalty
 from .scorer import Scope
 
 
+class SamplingExhausted(ValueError):
+    """Dynamic sampling found too few groups with varying correctness within its budget."""
+
+
 def seed_of(*parts) -> int:
     """A 32-bit seed from any parts: the same parts, the same seed, on every rank and run."""
-    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16)
+    return hashed_seed(*parts) >> 31
+
+
+def rollout_seeds(run_seed: int, step: int, indices: list[int]) -> list[int]:
+    """The sampling seed of each prompt of a step, from (run seed, step, its pool index); a prompt
+    drawn again within the step (a pool smaller than the step's prompts) gets another one."""
+    seen: Counter[int] = Counter()
+    seeds = []
+    for i in indices:
+        parts = ("rollout", run_seed, step, i) + ((seen[i],) if seen[i] else ())
+        seeds.append(hashed_seed(*parts))
+        seen[i] += 1
+    return seeds
 
 
 def prompt_stream(n: int, start: int, count: int, seed: int) -> list[int]:
@@ -57,13 +89,15 @@ class Rollouts:
     """One rank's training sequences of a step (or of one mini-batch), by (prompt slot, sample).
 
     `stats` holds the sampling policy's per-token statistics (flat (N,) over the response
-    tokens, from the scorer) once the sampling pass has run."""
+    tokens, from the scorer) once the sampling pass has run; `sampler_logprobs` (flat (N,)) the
+    sampler's own log-probs of the same tokens, when it gave them."""
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     groups: list[int]
     advantages: Tensor  # (B,) float32
     stats: dict[str, Tensor] = field(default_factory=dict)
+    sampler_logprobs: Tensor | None = None  # (N,) float32
 
     @property
     def lengths(self) -> list[int]:
@@ -84,74 +118,174 @@ class Sampled:
     correct: int = 0
     reward: float = 0.0
     tokens: int = 0
+    generation_batches: int = 0  # the same on every rank
 
 
 @dataclass
 class PromptPool:
-    """The training prompts: text, gold answer, answer type and generation limit of each."""
+    """The training prompts: text, gold answer, answer type, generation limit and grader of each."""
 
     prompts: list[str]
     answers: list[str]
     answer_types: list[str]
     limits: list[int]
+    graders: list[str] | None = None  # None: every prompt 'verify'
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def grader(self, i: int) -> str:
+        return "verify" if self.graders is None else self.graders[i]
+
+
+@dataclass
+class Group:
+    """The G graded responses of one prompt."""
+
+    prompt_ids: list[int]
+    response_ids: list[list[int]]
+    rewards: list[float]
+    correct: list[bool]
+    logprobs: list[list[float]] | None
+
+    def informative(self) -> bool:
+        """DAPO: correctness varies within the group (its reward may vary without it)."""
+        return len(set(self.correct)) > 1
+
+
+def rewards_of(cfg: Config, pool: PromptPool, prompts: list[int], samples) -> tuple[Tensor, Tensor]:
+    """(correct (n,) bool, rewards (n,) float64) of samples of pool prompts `prompts`.
+
+    A scored grader's score (math_dapo: ±1) is the reward, else train.reward_correct /
+    reward_incorrect; DAPO's overlong penalty is added once, to the reward only."""
+    from .grading import grade_many
+
+    t = cfg.train
+    by_grader: dict[str, list[int]] = {}
+    for k, s in enumerate(samples):
+        by_grader.setdefault(pool.grader(prompts[s.prompt_idx]), []).append(k)
+    correct = torch.zeros(len(samples), dtype=torch.bool)
+    rewards = torch.zeros(len(samples), dtype=torch.float64)
+    right, wrong = t.reward_values()
+    for grader, ks in by_grader.items():
+        grades = grade_many([samples[k].response for k in ks],
+                            [pool.answers[prompts[samples[k].prompt_idx]] for k in ks],
+                            [pool.answer_types[prompts[samples[k].prompt_idx]] for k in ks],
+                            cfg.evaluate.grade_timeout_s, grader=grader)
+        for k, g in zip(ks, grades, strict=True):
+            correct[k] = g.correct
+            rewards[k] = g.score if g.score is not None else (right if g.correct else wrong)
+    if t.overlong_buffer is not None:
+        lengths = torch.tensor([len(s.response_token_ids) for s in samples])
+        limit = torch.tensor([pool.limits[prompts[s.prompt_idx]] for s in samples])
+        rewards = rewards + overlong_penalty(lengths, limit, t.overlong_buffer,
+                                             t.overlong_penalty_factor)
+    return correct, rewards
+
+
+def sample_groups(step: int, cfg: Config, run_seed: int, sampler, pool: PromptPool,
+                  prompts: list[int], sampled: Sampled) -> list[Group]:
+    """Sample and grade `group_size` responses for each pool prompt in `prompts`."""
+    t = cfg.train
+    g = t.group_size
+    samples = sampler.sample([pool.prompts[i] for i in prompts], n=g, temperature=t.temperature,
+                             top_p=t.top_p, max_new_tokens=[pool.limits[i] for i in prompts],
+                             prompt_seeds=rollout_seeds(run_seed, step, prompts), desc=f"step {step}")
+    correct, rewards = rewards_of(cfg, pool, prompts, samples)
+    sampled.responses += len(samples)
+    sampled.correct += int(correct.sum())
+    sampled.reward += float(rewards.sum())
+    sampled.tokens += sum(len(s.response_token_ids) for s in samples)
+    out = []
+    for k in range(len(prompts)):
+        rows = samples[k * g : (k + 1) * g]
+        logprobs = [s.logprobs for s in rows]
+        out.append(Group(rows[0].prompt_token_ids, [s.response_token_ids for s in rows],
+                         rewards[k * g : (k + 1) * g].tolist(), correct[k * g : (k + 1) * g].tolist(),
+                         None if any(lp is None for lp in logprobs) else logprobs))
+    return out
 
 
 def collect(step: int, consumed: int, cfg: Config, run_seed: int, sampler, pool: PromptPool,
             dist: Dist, sampled: Sampled) -> tuple[Rollouts, int]:
     """Sample, grade and keep this rank's groups of a step; returns them and the prompts consumed."""
-    from .grading import grade_many
-
     t = cfg.train
-    g = t.group_size
+    if t.dynamic_sampling and t.dynamic_sampling_pool == "ranks":
+        groups, consumed = _collect_pooled(step, consumed, cfg, run_seed, sampler, pool, dist, sampled)
+        return to_rollouts(groups, t.group_size), consumed
     slots = rank_slots(t.prompts_per_step, t.mini_batch_prompts, dist.world, dist.rank)
-    need = len(slots)
-    keep: list[tuple] = []  # (prompt ids, the group's response ids, its rewards)
-    for rnd in range(t.max_sampling_rounds if t.dynamic_sampling else 1):
-        order = prompt_stream(len(pool), consumed, t.prompts_per_step, run_seed)
-        consumed += t.prompts_per_step
-        mine = [order[s] for s in slots]
-        limits = [pool.limits[i] for i in mine]
-        samples = sampler.sample([pool.prompts[i] for i in mine], n=g, temperature=t.temperature,
-                                 top_p=t.top_p, max_new_tokens=limits,
-                                 seed=seed_of(run_seed, step, rnd, dist.rank), desc=f"step {step}")
-        grades = grade_many([s.response for s in samples],
-                            [pool.answers[mine[s.prompt_idx]] for s in samples],
-                            [pool.answer_types[mine[s.prompt_idx]] for s in samples],
-                            cfg.evaluate.grade_timeout_s)
-        correct = torch.tensor([gr.correct for gr in grades])
-        rewards = torch.where(correct, t.reward_correct, t.reward_incorrect).double()
-        lengths = torch.tensor([len(s.response_token_ids) for s in samples])
-        if t.overlong_buffer is not None:
-            limit = torch.tensor([limits[s.prompt_idx] for s in samples])
-            rewards = rewards + overlong_penalty(lengths, limit, t.overlong_buffer)
-        sampled.responses += len(samples)
-        sampled.correct += int(correct.sum())
-        sampled.reward += float(rewards.sum())
-        sampled.tokens += int(lengths.sum())
-        for k in range(len(mine)):
-            right = correct[k * g : (k + 1) * g]
-            # DAPO: a group whose responses are all correct or all wrong carries no signal (on
-            # correctness, not on the reward: the overlong penalty makes equal answers differ)
-            if t.dynamic_sampling and bool((right == right[0]).all()):
-                continue
-            rows = samples[k * g : (k + 1) * g]
-            keep.append((rows[0].prompt_token_ids, [s.response_token_ids for s in rows],
-                         rewards[k * g : (k + 1) * g]))
-        if dist.min(len(keep)) >= need:
+    batch = t.prompts_per_step * (t.generation_batch_multiple if t.dynamic_sampling else 1)
+    keep: list[Group] = []
+    for _ in range(t.max_sampling_rounds if t.dynamic_sampling else 1):
+        order = prompt_stream(len(pool), consumed, batch, run_seed)
+        consumed += batch
+        sampled.generation_batches += 1
+        # this rank's slots of each prompts_per_step block of the generation batch
+        mine = [order[b + s] for b in range(0, batch, t.prompts_per_step) for s in slots]
+        groups = sample_groups(step, cfg, run_seed, sampler, pool, mine, sampled)
+        keep += [gr for gr in groups if gr.informative()] if t.dynamic_sampling else groups
+        if dist.min(len(keep)) >= len(slots):
             break
-    keep = keep[: min(need, dist.min(len(keep)))]  # ranks train on equally many groups
-    prompt_ids, response_ids, groups, rewards = [], [], [], []
-    for k, (p, rs, r) in enumerate(keep):
-        prompt_ids += [p] * g
-        response_ids += rs
-        groups += [k] * g
-        rewards.append(r)
-    rewards_t = torch.cat(rewards) if rewards else torch.zeros(0, dtype=torch.float64)
-    adv = group_advantages(rewards_t, torch.tensor(groups, dtype=torch.long)).float()
-    return Rollouts(prompt_ids, response_ids, groups, adv), consumed
+    keep = keep[: min(len(slots), dist.min(len(keep)))]  # ranks train on equally many groups
+    return to_rollouts(keep, t.group_size), consumed
+
+
+def _collect_pooled(step: int, consumed: int, cfg: Config, run_seed: int, sampler,
+                    pool: PromptPool, dist: Dist, sampled: Sampled) -> tuple[list[Group], int]:
+    """verl's dynamic sampling: kept groups counted over every rank until the batch is full."""
+    t = cfg.train
+    need = t.prompts_per_step
+    batch = need * t.generation_batch_multiple
+    share = batch // dist.world  # prompts_per_step splits over the ranks (mini-batches do)
+    held: dict[int, Group] = {}  # index among the step's kept groups -> a group sampled here
+    kept = 0
+    for _ in range(t.max_sampling_rounds):
+        order = prompt_stream(len(pool), consumed, batch, run_seed)
+        consumed += batch
+        sampled.generation_batches += 1
+        mine = order[dist.rank * share : (dist.rank + 1) * share]
+        groups = sample_groups(step, cfg, run_seed, sampler, pool, mine, sampled)
+        flags = dist.cat(torch.tensor([g.informative() for g in groups], dtype=torch.long))
+        for position in flags.nonzero().squeeze(1).tolist():  # global order of the stream
+            if position // share == dist.rank:
+                held[kept] = groups[position % share]
+            kept += 1
+        if kept >= need:
+            break
+    else:
+        raise SamplingExhausted(
+            f"train.max_sampling_rounds: after {t.max_sampling_rounds} generation batches of "
+            f"{batch} prompts, {kept} groups have responses that differ in correctness, fewer "
+            f"than the {need} a step trains on (train.prompts_per_step; dynamic sampling as "
+            "verl's DAPO trainer stops here too). Raise train.max_sampling_rounds or "
+            "train.generation_batch_multiple, or train on prompts the policy solves sometimes")
+    owner = {}  # kept index (= slot of the step's prompt list) -> (rank, position on that rank)
+    for r in range(dist.world):
+        for i, slot in enumerate(rank_slots(need, t.mini_batch_prompts, dist.world, r)):
+            owner[slot] = (r, i)
+    outgoing: list[list[tuple[int, Group]]] = [[] for _ in range(dist.world)]
+    for q, group in held.items():
+        if q < need:  # the surplus is dropped
+            outgoing[owner[q][0]].append((owner[q][1], group))
+    received = dist.exchange(outgoing)
+    return [g for _, g in sorted(received, key=lambda item: item[0])], consumed
+
+
+def to_rollouts(groups: list[Group], group_size: int) -> Rollouts:
+    """This rank's groups as training sequences, with group-relative advantages."""
+    prompt_ids, response_ids, index, rewards, logprobs = [], [], [], [], []
+    for k, g in enumerate(groups):
+        prompt_ids += [g.prompt_ids] * group_size
+        response_ids += g.response_ids
+        index += [k] * group_size
+        rewards += g.rewards
+        if g.logprobs is not None:
+            logprobs += [lp for seq in g.logprobs for lp in seq]
+    rewards_t = torch.tensor(rewards, dtype=torch.float64)
+    adv = group_advantages(rewards_t, torch.tensor(index, dtype=torch.long)).float()
+    complete = bool(groups) and all(g.logprobs is not None for g in groups)
+    return Rollouts(prompt_ids, response_ids, index, adv,
+                    sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32) if complete else None)
 
 
 def split_minibatches(roll: Rollouts, groups_per_minibatch: int, group_size: int) -> list[Rollouts]:
@@ -161,7 +295,8 @@ def split_minibatches(roll: Rollouts, groups_per_minibatch: int, group_size: int
     per = groups_per_minibatch * group_size
     for a in range(0, len(roll.response_ids), per):
         b = min(a + per, len(roll.response_ids))
+        sampler = None if roll.sampler_logprobs is None else roll.sampler_logprobs[starts[a]:starts[b]]
         out.append(Rollouts(roll.prompt_ids[a:b], roll.response_ids[a:b], roll.groups[a:b],
                             roll.advantages[a:b],
-                            {k: v[starts[a]:starts[b]] for k, v in roll.stats.items()}))
+                            {k: v[starts[a]:starts[b]] for k, v in roll.stats.items()}, sampler))
     return out

@@ -75,6 +75,20 @@ def eval_dir(size, method, seed, bench):
     return f"{RESULTS}/eval/size={size}/method={method}/seed={seed}/bench={bench}"
 
 
+def eval_steps_dir(size, method, seed, step, bench):
+    """Evaluation of the checkpoint saved after `step` rollout steps (train.save_every)."""
+    return f"{RESULTS}/eval_steps/size={size}/method={method}/seed={seed}/step={step}/bench={bench}"
+
+
+def overlap_path(size, method, seed):
+    """The 80/20 paper's overlap of the top-entropy positions, base vs one trained model."""
+    return f"{RESULTS}/overlap/size={size}/method={method}/seed={seed}/overlap.parquet"
+
+
+# the curves over steps: some method saves checkpoints (train.save_every, or its own train keys)
+CURVES = any(CFG.train_for(m).save_every for m in EXP.methods)
+
+
 def tables_dir():
     return f"{RESULTS}/tables"
 

@@ -19,7 +19,7 @@ rule evaluate:
         benches=" ".join(EXP.benchmarks),
         out_dirs=lambda w: " ".join(eval_dir(w.size, w.method, w.seed, b) for b in EXP.benchmarks),
         config_hash=lambda w: config_hash(*dict.fromkeys(
-            key for bench in EXP.benchmarks for key in evaluate_config_keys(w.size, bench))),
+            key for bench in EXP.benchmarks for key in evaluate_config_keys(w.size, bench, w.method))),
     log:
         f"{RESULTS}/logs/evaluate/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("evaluate")

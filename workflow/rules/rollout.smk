@@ -1,3 +1,6 @@
+from stages.rollout import config_keys as rollout_config_keys
+
+
 rule rollout:
     """Sample n responses per training prompt from one size's base model and grade them."""
     input:
@@ -8,9 +11,8 @@ rule rollout:
     params:
         py=PY,
         config=CONFIG_FILE,
-        config_hash=lambda w: config_hash(
-            "rollout", f"models/{w.size}", "seed", "train/reward_correct", "train/reward_incorrect"
-        ),
+        # exactly what stages.rollout reads (stages.rollout.config_keys)
+        config_hash=lambda w: config_hash(*rollout_config_keys(CFG, w.size)),
     log:
         f"{RESULTS}/logs/rollout/{{size}}.log",
     threads: job_threads("rollout")

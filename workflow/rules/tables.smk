@@ -11,6 +11,10 @@ rule tables:
         train=[f"{d}/metrics.parquet" for d in train_dirs()],
         token_summaries=[f"{token_stats_dir(s)}/summary.parquet" for s in EXP.sizes],
         tokens=[f"{token_stats_dir(s)}/tokens.parquet" for s in EXP.sizes],
+        readings=[f"{token_stats_dir(s)}/readings.parquet" for s in EXP.sizes],
+        step_metrics=[f"{d}/metrics.parquet" for d in eval_step_dirs()],
+        step_samples=[f"{d}/samples.parquet" for d in eval_step_dirs()],
+        overlap=overlap_paths(),
     output:
         [report_item(tables_dir(), n) for n in table_output_names(CFG)["tables"]]
         + [report_item(figures_dir(), n) for n in table_output_names(CFG)["figures"]],
@@ -21,6 +25,8 @@ rule tables:
         eval_dirs=lambda w, input: [os.path.dirname(f) for f in input.metrics],
         train_dirs=lambda w, input: [os.path.dirname(f) for f in input.train],
         token_dirs=lambda w, input: [os.path.dirname(f) for f in input.token_summaries],
+        step_dirs=lambda w, input: [os.path.dirname(f) for f in input.step_metrics],
+        overlap_dirs=lambda w, input: [os.path.dirname(f) for f in input.overlap],
         tables_dir=lambda w, output: os.path.dirname(output[0]),
         figures_dir=lambda w, output: os.path.dirname(output[-1]),
         config_hash=config_hash(
@@ -28,8 +34,13 @@ rule tables:
             "evaluate",
             "methods",
             "rollout/temperature",
-            *(f"models/{s}/label" for s in EXP.sizes),
-            *(f"datasets/{b}/label" for b in EXP.benchmarks),
+            "train/steps",
+            "train/save_every",
+            "token_stats/overlap_top",
+            "token_stats/ict_readings",
+            "token_stats/early_positions",
+            *(f"models/{s}/{key}" for s in EXP.sizes for key in ("label", "source", "hub")),
+            *(f"datasets/{b}/{key}" for b in EXP.benchmarks for key in ("label", "reported_as", "grader")),
         ),
     log:
         f"{RESULTS}/logs/tables/tables.log",
@@ -39,4 +50,5 @@ rule tables:
     shell:
         "{params.py} -m stages.tables --config {params.config} --eval {params.eval_dirs}"
         " --train {params.train_dirs} --token-stats {params.token_dirs}"
+        " --eval-steps {params.step_dirs} --overlap {params.overlap_dirs}"
         " --tables-dir {params.tables_dir} --figures-dir {params.figures_dir} 2>&1 | tee {log}"

@@ -1,0 +1,380 @@
+"""The trainer's DAPO recipe and sampler checks: dynamic sampling as verl pools it, the 80/20
+code's micro-batch scope, scored graders and the overlong penalty, truncated importance sampling,
+the sampler/trainer mismatch, equal micro-batch counts across ranks, and their bad input."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from stages import train
+from stages.config import Loss, validate
+from stages.core import engine as engine_glue
+from stages.core import rollouts
+from stages.core.actor import actor_step, micro_loss, truncated_importance_weights
+from stages.core.generation import Sample
+from stages.core.losses import clipped_surrogate, overlong_penalty
+from stages.core.modeling import build_scratch_model
+from stages.core.scorer import micro_batches
+from stages.core.scoring import pack
+from stages.core.selectors import valid_grid
+from stages.train import free_port
+from tests import test_train
+from tests.conftest import ROOT, run_stage, write_yaml
+from tests.test_train import ARCH, PAD, VOCAB, cli_args, random_batch
+
+job = test_train.job  # the tiny trained-format model and its prompts (module fixture)
+
+CPU = engine_glue.Dist(0, 1, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout collection
+# ---------------------------------------------------------------------------------------------
+class PoolSampler:
+    """Responses decided by the prompt text: 'mixed' groups answer 7 on odd samples, 'right' always,
+    'wrong' never (the gold is 7); the prompt ids carry the pool index the prompt came from."""
+
+    def __init__(self, pool: rollouts.PromptPool, style: str = "####"):
+        self.pool, self.style, self.calls = pool, style, []
+
+    def sample(self, prompts, *, n, temperature, top_p, max_new_tokens, prompt_seeds, desc=""):
+        self.calls.append((list(prompts), list(prompt_seeds)))
+        out = []
+        for i, p in enumerate(prompts):
+            index = self.pool.prompts.index(p)
+            for j in range(n):
+                right = p.startswith("right") or (p.startswith("mixed") and j % 2 == 1)
+                text = f"{self.style} {'7' if right else '3'}"
+                length = min(max_new_tokens[i], 2 + j)
+                out.append(Sample(i, j, [index], [5] * length, text, "stop", [-0.1] * length))
+        return out
+
+
+def pool_of(kinds: list[str], grader: str = "verify") -> rollouts.PromptPool:
+    prompts = [f"{k}{i}" for i, k in enumerate(kinds)]
+    return rollouts.PromptPool(prompts, ["7"] * len(kinds), ["math"] * len(kinds), [8] * len(kinds),
+                               [grader] * len(kinds))
+
+
+def dapo_config(test_raw, **train):
+    raw = copy.deepcopy(test_raw)
+    raw["train"].update(prompts_per_step=2, mini_batch_prompts=2, group_size=4, dynamic_sampling=True,
+                        generation_batch_multiple=2, max_sampling_rounds=3, max_response_tokens=8)
+    raw["train"].update(train)
+    return validate(raw, "dapo.yaml")
+
+
+def test_pooled_dynamic_sampling_keeps_the_first_informative_groups(test_raw):
+    """verl's DAPO trainer: generation batches of 2 x 2 prompts; groups whose correctness varies
+    are kept in stream order until 2 are, the surplus of the last batch is dropped."""
+    kinds = ["wrong", "mixed", "right", "mixed", "right", "mixed", "wrong", "mixed"]
+    pool = pool_of(kinds)
+    cfg = dapo_config(test_raw)
+    sampler, sampled = PoolSampler(pool), rollouts.Sampled()
+    roll, consumed = rollouts.collect(3, 0, cfg, 7, sampler, pool, CPU, sampled)
+    stream = rollouts.prompt_stream(len(pool), 0, 12, 7)
+    informative = [i for i in stream if kinds[i] == "mixed"]
+    batches = next(b for b in range(1, 4) if sum(kinds[i] == "mixed" for i in stream[: 4 * b]) >= 2)
+    assert sampled.generation_batches == batches and consumed == 4 * batches
+    assert [p[0] for p in roll.prompt_ids[::4]] == informative[:2]  # the first two, in stream order
+    assert roll.groups == [0] * 4 + [1] * 4 and len(roll.sampler_logprobs) == sum(roll.lengths)
+    # seeds: hashed from (run seed, step, pool index), the same whoever samples the prompt
+    prompts, seeds = sampler.calls[0]
+    assert seeds == rollouts.rollout_seeds(7, 3, [pool.prompts.index(p) for p in prompts])
+
+
+def test_pooled_dynamic_sampling_stops_the_run_when_the_budget_is_spent(test_raw):
+    pool = pool_of(["right", "wrong", "right", "mixed"])
+    cfg = dapo_config(test_raw, max_sampling_rounds=2, generation_batch_multiple=1)
+    with pytest.raises(rollouts.SamplingExhausted, match=r"train.max_sampling_rounds: after 2 "
+                       r"generation batches of 2 prompts, \d groups"):
+        rollouts.collect(0, 0, cfg, 0, PoolSampler(pool), pool, CPU, rollouts.Sampled())
+
+
+def test_per_rank_dynamic_sampling_trains_on_what_it_kept(test_raw):
+    """dynamic_sampling_pool: rank refills each rank's slots and trains short when it runs out."""
+    pool = pool_of(["right", "wrong", "right", "mixed"])
+    cfg = dapo_config(test_raw, dynamic_sampling_pool="rank", max_sampling_rounds=1,
+                      generation_batch_multiple=1)
+    sampled = rollouts.Sampled()
+    roll, _ = rollouts.collect(0, 0, cfg, 0, PoolSampler(pool), pool, CPU, sampled)
+    assert sampled.generation_batches == 1 and len(roll.response_ids) in (0, 4)
+
+
+def test_rollout_seeds_follow_the_prompt_not_the_slot():
+    seeds = rollouts.rollout_seeds(1, 5, [3, 9, 3])
+    assert seeds[0] == rollouts.rollout_seeds(1, 5, [3])[0] == rollouts.rollout_seeds(1, 5, [8, 3])[1]
+    assert len(set(seeds)) == 3  # a prompt drawn twice in one step is sampled afresh
+    assert seeds[0] != rollouts.rollout_seeds(1, 6, [3])[0] != rollouts.rollout_seeds(2, 5, [3])[0]
+    # seeds + j of one prompt's samples (vLLM's convention) never meet another prompt's
+    many = rollouts.rollout_seeds(0, 0, list(range(2000)))
+    assert min(b - a for a, b in zip(sorted(many), sorted(many)[1:], strict=False)) > 64
+
+
+def test_a_scored_grader_gives_the_reward_and_the_penalty_only_the_reward(test_raw):
+    """math_dapo: +1 / -1 replaces reward_correct / reward_incorrect; the overlong penalty
+    (factor 0.5) is added once to the reward, never to the correctness that filters groups."""
+    pool = pool_of(["mixed"], grader="math_dapo")
+    cfg = dapo_config(test_raw, dynamic_sampling=False, prompts_per_step=1, mini_batch_prompts=1,
+                      overlong_buffer=4, overlong_penalty_factor=0.5)
+    samples = PoolSampler(pool, style="Answer:").sample(pool.prompts, n=4, temperature=1.0, top_p=1.0,
+                                                        max_new_tokens=[8], prompt_seeds=[0])
+    correct, rewards = rollouts.rewards_of(cfg, pool, [0], samples)
+    assert correct.tolist() == [False, True, False, True]
+    lengths = torch.tensor([2, 3, 4, 5])  # penalty from 8 - 4 = 4 tokens on: 0 0 0 -0.125
+    assert rewards.tolist() == pytest.approx([-1, 1, -1, 1 - 0.125])
+    assert overlong_penalty(lengths, 8, 4, 0.5).tolist() == pytest.approx([0, 0, 0, -0.125])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["train"].update(generation_batch_multiple=0),
+     "train.generation_batch_multiple: Input should be greater than or equal to 1"),
+    (lambda r: r["train"].update(max_sampling_rounds=0),
+     "train.max_sampling_rounds: Input should be greater than or equal to 1"),
+    (lambda r: r["train"].update(overlong_buffer=32),
+     "train.overlong_buffer: 32 is not shorter than max_response_tokens (32)"),
+    (lambda r: r["datasets"]["rl"].update(grader="dapo"), "datasets.rl.grader: unknown grader 'dapo'"),
+    (lambda r: r["evaluate"].update(graders=["x"]), "evaluate.graders.0: unknown grader 'x'"),
+    (lambda r: (r["datasets"]["rl"].update(grader="math_dapo"), r["train"].update(reward_incorrect=-1.0)),
+     "train.reward_incorrect: grader 'math_dapo' of datasets.rl gives its own reward"),
+    (lambda r: (r["datasets"]["rl"].update(grader="math_dapo"),
+                r["methods"]["grpo"].update(train={"reward_correct": 2.0})),
+     "methods.grpo.train.reward_correct: grader 'math_dapo' of datasets.rl gives its own reward"),
+    (lambda r: r["methods"]["grpo"].update(train={"stepz": 3}), "methods.grpo.train.stepz: unknown key"),
+    (lambda r: r["methods"]["ict"].update(selection_scope="microbatch"),
+     "methods.ict.selection_scope: 'microbatch' ranks positions across one micro-batch"),
+    (lambda r: r["evaluate"].update(headline="pass@16"), "evaluate.headline: pass@16 is not reported"),
+    (lambda r: r["evaluate"].update(headline="avg@8"), "evaluate.headline: avg@8: avg@n is the mean"),
+])
+def test_bad_dapo_settings_name_the_key(test_raw, change, message):
+    from stages.config import ConfigError
+
+    raw = copy.deepcopy(test_raw)
+    change(raw)
+    with pytest.raises(ConfigError) as err:
+        validate(raw, "bad.yaml")
+    assert message in str(err.value)
+
+
+def test_a_methods_training_keys_apply_to_it_alone_and_its_hash(test_raw):
+    """The 80/20 paper's 29k run changes a training key, not the selector."""
+    raw = copy.deepcopy(test_raw)
+    base = validate(raw, "x.yaml")
+    raw["methods"]["grpo"]["train"] = {"max_response_tokens": 48, "loss": {"eps_high": 0.28}}
+    cfg = validate(raw, "x.yaml")
+    assert cfg.train_for("grpo").max_response_tokens == 48 and cfg.train_for("ict") is cfg.train
+    assert cfg.train_for("grpo").loss.eps_high == 0.28 and cfg.train_for("grpo").loss.eps_low == 0.2
+    assert cfg.for_method("grpo").train.max_response_tokens == 48
+    keys = train.config_keys(cfg, "tiny-s", "grpo")
+    assert cfg.section_hash(*keys) != base.section_hash(*keys)
+    ict_keys = train.config_keys(cfg, "tiny-s", "ict")
+    assert cfg.section_hash(*ict_keys) == base.section_hash(*ict_keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss: truncated importance sampling
+# ---------------------------------------------------------------------------------------------
+def test_tis_is_the_plain_loss_where_sampler_and_trainer_agree():
+    g = torch.Generator().manual_seed(1)
+    logp = torch.randn(9, generator=g, dtype=torch.float64)
+    old = logp + 0.3 * torch.randn(9, generator=g, dtype=torch.float64)
+    adv, w = torch.randn(9, generator=g, dtype=torch.float64), torch.rand(9, generator=g, dtype=torch.float64)
+    loss = Loss(dual_clip=3.0)
+    plain = micro_loss(logp, old, adv, w, loss, 1)
+    same = micro_loss(logp, old, adv, w, loss, 1, sampling=old, sampler=old.clone(), tis_cap=2.0)
+    assert same[1] == plain[1] and same[4] == 0
+
+
+def test_tis_float64_reference():
+    """ψ = min(exp(sampling − sampler), C) multiplies the clipped, dual-clipped policy-gradient
+    term only: not the KL, not the normaliser; its gradient flows through the current log-prob."""
+    g = torch.Generator().manual_seed(2)
+    n = 12
+    logp = torch.randn(n, generator=g, dtype=torch.float64).requires_grad_()
+    old = logp.detach() + 0.4 * torch.randn(n, generator=g, dtype=torch.float64)
+    sampling = old + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)  # the sampling pass
+    sampler = sampling + torch.randn(n, generator=g, dtype=torch.float64)  # a distant sampler
+    ref = logp.detach() + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+    adv, w = torch.randn(n, generator=g, dtype=torch.float64), torch.rand(n, generator=g, dtype=torch.float64)
+    loss = Loss(eps_low=0.2, eps_high=0.28, dual_clip=3.0, kl_beta=0.05)
+    cap = 1.5
+    term, value, _, _, cut = micro_loss(logp, old, adv, w, loss, 2, ref, sampling=sampling,
+                                        sampler=sampler, tis_cap=cap)
+    # by hand, token by token
+    expect = 0.0
+    truncated = 0
+    for i in range(n):
+        r = math.exp(float(logp.detach()[i]) - float(old[i]))
+        a = float(adv[i])
+        pg = max(-a * r, -a * min(max(r, 0.8), 1.28))
+        if a < 0:
+            pg = min(pg, -a * 3.0)
+        ratio = math.exp(float(sampling[i]) - float(sampler[i]))
+        truncated += ratio > cap
+        delta = float(ref[i]) - float(logp.detach()[i])
+        expect += float(w[i]) * (min(ratio, cap) * pg + 0.05 * (math.exp(delta) - delta - 1))
+    assert value == pytest.approx(expect, rel=1e-12) and cut == truncated > 0
+    assert float(term) == pytest.approx(2 * expect, rel=1e-12)
+    psi, trunc = truncated_importance_weights(sampling, sampler, cap)
+    assert bool(((psi <= cap) & (psi > 0)).all()) and int(trunc.sum()) == truncated
+    with pytest.raises(ValueError, match="needs the sampler"):
+        micro_loss(logp, old, adv, w, loss, 1, ref, tis_cap=cap)
+
+
+# ---------------------------------------------------------------------------------------------
+# The released 80/20 code's scope: one micro-batch on one rank
+# ---------------------------------------------------------------------------------------------
+class PlainEngine:
+    """The actor's view of an engine, without DeepSpeed: backward accumulates, step keeps grads."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def set_gradient_accumulation_boundary(self, flag):
+        pass
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        pass
+
+    def get_global_grad_norm(self):
+        return 0.0
+
+
+@pytest.mark.parametrize("micro", [2, 3])
+def test_micro_batch_scope_equals_its_definition(test_raw, micro):
+    """Per set S of sequences in one micro-batch (consecutive `micro`, by definition): the top
+    ceil(ρ N_S) tokens of S by the current policy's entropy, loss = Σ_S |S|/B · mean over S's
+    selected tokens of the clipped surrogate; masks and gradients against a float64 recomputation
+    from the full softmax."""
+    raw = copy.deepcopy(test_raw)
+    raw["train"].update(micro_batch_size=micro, temperature=0.7)
+    raw["methods"]["top"] = {"selector": "entropy_top", "rho": 0.3, "selection_scope": "microbatch"}
+    cfg = validate(raw, "m.yaml")
+    model = build_scratch_model(ARCH, VOCAB, PAD, seed=3)
+    reference = copy.deepcopy(model).double()
+    p_ids, r_ids, adv, noise = random_batch(seed=4)
+    lengths = [len(r) for r in r_ids]
+    mb = rollouts.Rollouts(p_ids, r_ids, [i // 4 for i in range(len(r_ids))], adv)
+    with torch.no_grad():  # the old log-probs: the current ones, moved (ratios clip)
+        ids, att, rows, cols = pack(p_ids, r_ids, PAD)
+        tokens = torch.tensor([t for r in r_ids for t in r])
+        logits = model(input_ids=ids, attention_mask=att).logits[rows, cols].double() / 0.7
+        old = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1) + noise.double()
+    mb.stats = {"logprob": old.float()}
+    update = actor_step(PlainEngine(model), mb, cfg.methods["top"], cfg, CPU, torch.Generator(), PAD,
+                        stats=mb.stats, on_policy=False)
+    # the reference
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    total = torch.zeros((), dtype=torch.float64)
+    mask = torch.zeros(len(tokens), dtype=torch.bool)
+    for a in range(0, len(r_ids), micro):
+        s = range(a, min(a + micro, len(r_ids)))
+        ids, att, rows, cols = pack([p_ids[i] for i in s], [r_ids[i] for i in s], PAD)
+        z = reference(input_ids=ids, attention_mask=att).logits[rows, cols] / 0.7
+        logp_all = z.log_softmax(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        t0, t1 = starts[s.start], starts[s.stop]
+        logp = logp_all.gather(1, tokens[t0:t1, None]).squeeze(1)
+        k = math.ceil(0.3 * (t1 - t0))
+        top = torch.zeros(t1 - t0, dtype=torch.bool)
+        top[torch.topk(entropy.detach(), k).indices] = True
+        mask[t0:t1] = top
+        adv_tok = adv.double().repeat_interleave(torch.tensor(lengths))[t0:t1]
+        ell, _ = clipped_surrogate(logp[top], old[t0:t1][top], adv_tok[top], 0.2, 0.28)
+        total = total + len(s) / len(r_ids) * ell.mean()
+    total.backward()
+    assert torch.equal(update.mask[valid_grid(lengths)], mask)
+    assert update.loss == pytest.approx(float(total), rel=1e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.allclose(p.grad.double(), q.grad, rtol=1e-4, atol=1e-7), name
+    assert update.micro_batches == math.ceil(len(r_ids) / micro)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler/trainer mismatch, end to end
+# ---------------------------------------------------------------------------------------------
+MISMATCH = ("rollout_logprob_diff_mean", "rollout_logprob_diff_max", "rollout_kl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_sampler_and_the_trainer_agree_in_float32_and_are_measured_in_bf16(job, dtype):
+    """hf backend: the sampler's log-probs (from the logits it sampled with) against the trainer's
+    sampling pass. float32: ≤ 1e-5 nats; bf16 (ZeRO 1): finite and in the metrics."""
+    d, raw = job
+    cfg = copy.deepcopy(raw)
+    cfg["train"].update(steps=2, dtype=dtype, zero_stage=1 if dtype == "bfloat16" else 0,
+                        tis_cap=2.0)
+    write_yaml(d / f"mm-{dtype}.yaml", cfg)
+    proc = run_stage("train", *cli_args(d, f"mm-{dtype}", method="grpo", config=f"mm-{dtype}.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = pl.read_parquet(d / f"mm-{dtype}" / "metrics.parquet")
+    for column in (*MISMATCH, "tis_truncated_fraction"):
+        assert metrics[column].null_count() == 0 and metrics[column].is_finite().all(), column
+    if dtype == "float32":
+        assert metrics["rollout_logprob_diff_max"].max() <= 1e-5
+        assert metrics["rollout_kl"].max() <= 1e-9 and metrics["tis_truncated_fraction"].max() == 0.0
+    else:
+        assert metrics["rollout_logprob_diff_max"].max() > 1e-5  # the bf16 head the sampler used
+    assert metrics["generation_batches"].to_list() == [1, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks agree on their number of backward calls (ZeRO-2 reduces in every one)
+# ---------------------------------------------------------------------------------------------
+def _unequal_worker(out: str) -> None:
+    """Rank 0 holds short responses, rank 1 long ones; a token budget gives them different
+    micro-batch counts. Under ZeRO-2 the step must complete on both."""
+    torch.set_num_threads(1)
+    raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    raw["train"].update(micro_batch_size=8, micro_batch_tokens=40, mini_batch_prompts=2,
+                        prompts_per_step=2, group_size=4, zero_stage=2, lr=1e-2)
+    cfg = validate(raw, "unequal")
+    dist = engine_glue.init_distributed(engine_glue.resolve_launch(cfg, "tiny-s"))
+    model = build_scratch_model(ARCH, VOCAB, PAD, seed=0)
+    engine = engine_glue.build_engine(model, cfg.train, dist.world)
+    engine.train()
+    g = torch.Generator().manual_seed(dist.rank)
+    width = 2 if dist.rank == 0 else 30
+    r_ids = [torch.randint(0, 256, (width,), generator=g).tolist() for _ in range(4)]
+    mb = rollouts.Rollouts([[1, 2, 3]] * 4, r_ids, [0] * 4, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    mb.stats = train.rescore(engine.module, mb, frozenset(), cfg, PAD, dist)
+    update = actor_step(engine, mb, cfg.methods["grpo"], cfg, dist, torch.Generator(), PAD,
+                        stats=mb.stats, on_policy=True)
+    local = len(micro_batches([3 + len(r) for r in r_ids], 8, 40))
+    counts = dist.gather(torch.tensor([local]))
+    if dist.rank == 0:
+        torch.save({"loss": update.loss, "calls": update.micro_batches,
+                    "counts": [int(c) for c in counts], "norm": update.grad_norm}, out)
+    dist.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_unequal_lengths_under_zero2_complete_on_two_processes(tmp_path):
+    code = "import sys; from tests.test_trainer_dapo import _unequal_worker; _unequal_worker(sys.argv[1])"
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.pt")], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        log, _ = p.communicate(timeout=300)  # a rank left waiting in a reduction never returns
+        assert p.returncode == 0, log[-3000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert result["counts"][0] < result["counts"][1]  # the budget split them unequally
+    assert result["calls"] == max(result["counts"]) and result["norm"] > 0

@@ -1,0 +1,51 @@
+from stages.evaluate import config_keys as evaluate_config_keys
+from stages.train import checkpoint_name, checkpoint_steps
+
+
+def curve_benchmarks():
+    """Benchmarks of the checkpoints' evaluations (evaluate.curve_benchmarks, else all)."""
+    return CFG.evaluate.curve_benchmarks or EXP.benchmarks
+
+
+def eval_step_dirs():
+    """Every checkpoint evaluation: size x method x seed x saved step x curve benchmark."""
+    return [
+        eval_steps_dir(size, method, seed, step, bench)
+        for size in EXP.sizes
+        for method in EXP.methods
+        for seed in EXP.seeds
+        for step in checkpoint_steps(CFG.train_for(method))
+        for bench in curve_benchmarks()
+    ]
+
+
+rule evaluate_checkpoint:
+    """Evaluate the checkpoint one training saved after `step` rollout steps (the curves over
+    steps), as rule evaluate does a final model: one job for all its benchmarks."""
+    input:
+        checkpoints=f"{train_dir('{size}', '{method}', '{seed}')}/checkpoints",
+        data=[data_path(bench) for bench in curve_benchmarks()],
+    output:
+        samples=expand(f"{eval_steps_dir('{{size}}', '{{method}}', '{{seed}}', '{{step}}', '{bench}')}/samples.parquet",
+                       bench=curve_benchmarks()),
+        metrics=expand(f"{eval_steps_dir('{{size}}', '{{method}}', '{{seed}}', '{{step}}', '{bench}')}/metrics.parquet",
+                       bench=curve_benchmarks()),
+    params:
+        py=PY,
+        config=CONFIG_FILE,
+        model=lambda w: f"{train_dir(w.size, w.method, w.seed)}/{checkpoint_name(int(w.step))}/model.json",
+        benches=" ".join(curve_benchmarks()),
+        out_dirs=lambda w: " ".join(eval_steps_dir(w.size, w.method, w.seed, w.step, b)
+                                    for b in curve_benchmarks()),
+        config_hash=lambda w: config_hash(*dict.fromkeys(
+            key for bench in curve_benchmarks() for key in evaluate_config_keys(w.size, bench, w.method))),
+    log:
+        f"{RESULTS}/logs/evaluate_checkpoint/{{size}}/{{method}}/{{seed}}/{{step}}.log",
+    threads: job_threads("evaluate")
+    resources:
+        **job_resources("evaluate"),
+    shell:
+        "{params.py} -m stages.evaluate --config {params.config} --size {wildcards.size}"
+        " --method {wildcards.method} --seed {wildcards.seed} --model {params.model}"
+        " --bench {params.benches} --data {input.data} --out-dir {params.out_dirs}"
+        " --threads {threads} 2>&1 | tee {log}"

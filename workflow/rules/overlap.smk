@@ -1,0 +1,34 @@
+from stages.overlap import config_keys as overlap_config_keys
+
+
+def overlap_paths():
+    """One overlap file per trained model, when token_stats.overlap_top is set."""
+    if CFG.token_stats.overlap_top is None:
+        return []
+    return [overlap_path(size, method, seed)
+            for size in EXP.sizes for method in EXP.methods for seed in EXP.seeds]
+
+
+rule overlap:
+    """The top-entropy positions of the base model's rollouts under the base and a trained model:
+    their overlap |A ∩ B| / |A| (the 80/20 paper's Table 1)."""
+    input:
+        model=f"{train_dir('{size}', '{method}', '{seed}')}/model.json",
+        rollouts=rollout_path("{size}"),
+        tokens=f"{token_stats_dir('{size}')}/tokens.parquet",
+    output:
+        overlap_path("{size}", "{method}", "{seed}"),
+    params:
+        py=PY,
+        config=CONFIG_FILE,
+        config_hash=lambda w: config_hash(*overlap_config_keys(w.size)),
+    log:
+        f"{RESULTS}/logs/overlap/{{size}}/{{method}}/{{seed}}.log",
+    threads: job_threads("token_stats")
+    resources:
+        **job_resources("token_stats"),
+    shell:
+        "{params.py} -m stages.overlap --config {params.config} --size {wildcards.size}"
+        " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
+        " --rollouts {input.rollouts} --tokens {input.tokens} --out {output}"
+        " --threads {threads} 2>&1 | tee {log}"
