@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import types
 from pathlib import Path
 
@@ -79,20 +80,91 @@ def write_eval(root: Path, size, method, bench) -> Path:
     # two problems with 8 samples: 2 and 0 correct
     samples = [{"benchmark": bench, "problem_id": f"p{i}", "sample_idx": j, "response": "#### 1",
                 "extracted": "1", "correct": i == 0 and j < 2, "grade_error": None, "answer": "1",
-                "answer_type": "math", "finish_reason": "stop", "response_tokens": 3}
+                "answer_type": "math", "finish_reason": "stop", "response_tokens": 3,
+                "grader": "verify", "score": None, "other_grades": None}
                for i in range(2) for j in range(8)]
     write_parquet(samples, d / "samples.parquet", SAMPLE_SCHEMA, prov)
     return d
 
 
-def write_train(root: Path, size, method) -> Path:
-    d = root / "train" / f"size={size}" / f"method={method}" / "seed=0"
-    schema = pa.schema([(c, pa.float64()) for c in
-                        ("reward_mean", "entropy_mean", "renyi2_mean", "selected_fraction")])
-    schema = schema.insert(0, pa.field("step", pa.int64()))
-    rows = [{"step": s, "reward_mean": 0.1 * s, "entropy_mean": 0.5 / (s + 1), "renyi2_mean": 0.3 / (s + 1),
-             "selected_fraction": 0.2} for s in range(4)]
-    write_parquet(rows, d / "metrics.parquet", schema, provenance("train", "1", f"t-{size}-{method}", 0))
+TRAIN_COLUMNS = ("reward_mean", "entropy_mean", "renyi2_mean", "selected_fraction",
+                 "rollout_logprob_diff_max", "rollout_kl")
+REWARD_SLOPE = {"grpo": 0.010, "ict": 0.014}  # reward gained per step beyond the batch's swing
+
+
+def batch_swing(step: int) -> float:
+    """The reward every method sees at a step from its batch of prompts (the same prompts for all)."""
+    return 0.15 * math.sin(1.7 * step) + 0.1 * math.cos(0.9 * step)
+
+
+def write_train(root: Path, size, method, seed=0, steps=20) -> Path:
+    d = root / "train" / f"size={size}" / f"method={method}" / f"seed={seed}"
+    schema = pa.schema([pa.field("step", pa.int64())] + [(c, pa.float64()) for c in TRAIN_COLUMNS])
+    slope = REWARD_SLOPE.get(method, 0.012)
+    # each run's own noise: the same prompts, but other samples per method and seed
+    rows = [{"step": s, "reward_mean": 0.2 + slope * s + batch_swing(s)
+             + 0.04 * math.sin(0.8 * s + 2 * seed + len(method)),
+             "entropy_mean": 0.5 / (s + 1) * (1.2 if method == "ict" else 1.0),
+             "renyi2_mean": 0.3 / (s + 1), "selected_fraction": 1.0 if method == "grpo" else 0.1,
+             "rollout_logprob_diff_max": 0.05 * (1 + s % 3),
+             "rollout_kl": 1e-5 * (s + 1) ** 1.6 if method == "ict" else None} for s in range(steps)]
+    write_parquet(rows, d / "metrics.parquet", schema, provenance("train", "1", f"t-{size}-{method}", seed))
+    return d
+
+
+READINGS_TYPES = {  # token_stats.READINGS_SCHEMA, as the stage writes it
+    "reading": pa.string(), "label": pa.string(), "rho": pa.float64(), "picks": pa.int64(),
+    "picks_share": pa.float64(), "prob_mean": pa.float64(), "prob_sd": pa.float64(),
+    "max_prob_mean": pa.float64(), "entropy_mean": pa.float64(), "high_low_ratio": pa.float64(),
+    "high_share": pa.float64(), "ceiling_of": pa.string(), "ceiling_share": pa.float64(),
+    "early_share": pa.float64(), "eot_share": pa.float64(), "reported_prob_mean": pa.float64(),
+    "reported_prob_sd": pa.float64(), "reported_high_low_ratio": pa.float64(),
+    "reported_high_low_ratio_math": pa.float64(), "reported_source": pa.string()}
+READINGS_ROWS = [  # reading, label, picks, prob mean, sd, ratio, ceiling share
+    ("paper", "ICT (paper's rule)", 1235, 0.912, 0.121, 1.05, 0.40),
+    ("response_mean", "response-mean reading (ours, not ICT)", 1235, 0.874, 0.150, 0.95, 0.10),
+    ("group_pooled", "group-pooled reading (ours, not ICT)", 1235, 0.861, 0.160, 0.97, 0.12),
+    ("group_leave_one_out", "group leave-one-out reading (ours, not ICT)", 1235, 0.905, 0.130, 1.01, 0.38),
+    ("token_id", "JSD token-id reading (ours, not ICT)", 2010, 0.950, 0.080, 0.40, None),
+    ("scope_position", "JSD scope-position reading (ours, not ICT)", 1235, 0.700, 0.250, 2.30, None),
+    ("random10_response", "random 10% per response (control)", 1235, 0.820, 0.200, 0.99, 0.05),
+]
+
+
+def write_readings(root: Path, size) -> Path:
+    """token_stats/size=S/readings.parquet with the rows of READINGS_ROWS."""
+    d = root / "token_stats" / f"size={size}"
+    rows = []
+    for reading, label, picks, prob, sd, ratio, ceiling in READINGS_ROWS:
+        paper = reading == "paper"
+        rows.append({"reading": reading, "label": label, "rho": 0.1, "picks": picks,
+                     "picks_share": picks / 12345, "prob_mean": prob, "prob_sd": sd,
+                     "max_prob_mean": prob + 0.03, "entropy_mean": 0.2, "high_low_ratio": ratio,
+                     "high_share": ratio / (1 + ratio), "ceiling_of": reading if ceiling is not None else "paper",
+                     "ceiling_share": ceiling if ceiling is not None else 0.4, "early_share": 0.08,
+                     "eot_share": 0.02, "reported_prob_mean": 0.18 if paper else None,
+                     "reported_prob_sd": 0.09 if paper else None,
+                     "reported_high_low_ratio": 1.03 if paper else None,
+                     "reported_high_low_ratio_math": 0.99 if paper else None,
+                     "reported_source": "ICT (summaries)" if paper else None})
+    schema = pa.schema([pa.field(k, t) for k, t in READINGS_TYPES.items()])
+    write_parquet(rows, d / "readings.parquet", schema, provenance("token_stats", "3", f"ts-{size}", 0))
+    return d
+
+
+OVERLAP_TYPES = {"top": pa.float64(), "tokens": pa.int64(), "positions": pa.int64(),
+                 "overlap": pa.float64(), "jaccard": pa.float64(),
+                 "entropy_mean_base": pa.float64(), "entropy_mean_trained": pa.float64()}
+
+
+def write_overlap(root: Path, size, method, seed, overlap) -> Path:
+    """overlap/size=S/method=M/seed=K/overlap.parquet: 12,345 tokens, the top 20%."""
+    d = root / "overlap" / f"size={size}" / f"method={method}" / f"seed={seed}"
+    row = {"top": 0.2, "tokens": 12345, "positions": 2469, "overlap": overlap,
+           "jaccard": overlap / (2 - overlap), "entropy_mean_base": 0.25,
+           "entropy_mean_trained": 0.25 - 0.1 * (1 - overlap)}
+    schema = pa.schema([pa.field(k, t) for k, t in OVERLAP_TYPES.items()])
+    write_parquet([row], d / "overlap.parquet", schema, provenance("overlap", "1", f"o-{size}-{method}", seed))
     return d
 
 
@@ -125,9 +197,12 @@ def build(root: Path, raw: dict):
              if (s, m, b) != MISSING_CELL]
     train = [write_train(root, s, m) for s in cfg.experiment.sizes for m in ["grpo", "ict"]]
     stats = [write_token_stats(root, "tiny-s", 0.55)]  # tiny-m has none: its row is all "—"
+    write_readings(root, "tiny-s")
+    overlap = [write_overlap(root, "tiny-s", m, 0, v) for m, v in (("grpo", 0.88), ("ict", 0.91))]
     args = types.SimpleNamespace(eval=[str(d) for d in evals], train=[str(d) for d in train],
-                                 token_stats=[str(d) for d in stats],
-                                 tables_dir=str(root / "tables"), figures_dir=str(root / "figures"))
+                                 token_stats=[str(d) for d in stats], overlap=[str(d) for d in overlap],
+                                 eval_steps=[], tables_dir=str(root / "tables"),
+                                 figures_dir=str(root / "figures"))
     return cfg, args
 
 
@@ -217,7 +292,7 @@ def test_csv_keeps_numbers_intervals_and_their_files(rendered):
     sources = pl.read_csv(root / "tables" / "sources.csv")
     hit = sources.filter(pl.col("file").str.contains("size=tiny-s/method=ict/seed=0/bench=arith-easy/metrics"))
     assert hit["config_hash"].to_list() == ["hash-tiny-s-ict-arith-easy"]
-    assert set(sources["stage"]) == {"evaluate", "train", "token_stats"}
+    assert set(sources["stage"]) == {"evaluate", "train", "token_stats", "overlap"}
     long = pl.read_csv(root / "tables" / "eval_long.csv")
     assert long.height == (2 * 8 * 3 - 1) * 2 and {"size", "method", "seed", "bench", "source"} <= set(long.columns)
 
@@ -320,12 +395,13 @@ def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
     assert not (tmp_path / "tables" / "ablation.md").exists()
     assert "Ablations" not in (tmp_path / "tables" / "tables.md").read_text()
     html = (tmp_path / "tables" / "tables.html").read_text()
-    assert "<b>60.0</b>" in html and html.count("<table>") == 7  # 2 main, 2 ICT gains, total, base gains, token stats
+    # 2 main, 2 ICT gains, total, base gains, token stats, overlap, ICT readings
+    assert "<b>60.0</b>" in html and html.count("<table>") == 9
 
 
 def test_a_registered_table_is_declared_written_and_shown_in_its_order(tmp_path, monkeypatch, default_raw):
     """One decorated function adds a table: its files among the rule's outputs and on disk, its
-    table on the pages, all at its order (45: after token_stats, before ablation)."""
+    table on the pages, all at its order (41: after token_stats, before overlap)."""
     from stages.tables import registry
     from stages.tables.write import table_files, write_table
 
@@ -333,7 +409,7 @@ def test_a_registered_table_is_declared_written_and_shown_in_its_order(tmp_path,
     monkeypatch.setattr(registry, "OUTPUTS", {n: s for n, s in registry.OUTPUTS.items()
                                               if s.folder == "tables"})
 
-    @registry.register_table("extra", order=45, files=lambda cfg: table_files("extra"))
+    @registry.register_table("extra", order=41, files=lambda cfg: table_files("extra"))
     def write_extra(cfg, data, folder):
         table = render.Table("Extra table", ["Size"], [[s] for s in cfg.experiment.sizes])
         write_table([(table, "tab:extra")], pl.DataFrame({"size": cfg.experiment.sizes}), folder / "extra")
@@ -341,7 +417,7 @@ def test_a_registered_table_is_declared_written_and_shown_in_its_order(tmp_path,
 
     cfg, args = build(tmp_path, config(default_raw))
     tables = output_names(cfg)["tables"]
-    assert tables[tables.index("token_stats.csv") + 1:tables.index("ablation.md")] == [
+    assert tables[tables.index("token_stats.csv") + 1:tables.index("overlap.md")] == [
         "extra.md", "extra.tex", "extra.csv"]
     main(args, cfg)
     assert (tmp_path / "tables" / "extra.csv").read_text() == "size\ntiny-s\ntiny-m\n"
@@ -349,11 +425,11 @@ def test_a_registered_table_is_declared_written_and_shown_in_its_order(tmp_path,
               if ln.startswith("### ")]
     assert titles[titles.index("### Extra table") - 1:][:3] == [
         "### Token statistics of the base models", "### Extra table",
-        "### Ablations: selected fraction ρ, warm-up Θ, controls and our earlier JSD readings"]
+        "### Top-20% entropy positions: base model against each trained model"]
     with pytest.raises(ValueError, match="'extra' is already registered"):
         registry.register_table("extra", order=99, files=lambda cfg: [])(write_extra)
-    with pytest.raises(ValueError, match="order 45 of the tables is taken by 'extra'"):
-        registry.register_table("other", order=45, files=lambda cfg: [])(write_extra)
+    with pytest.raises(ValueError, match="order 41 of the tables is taken by 'extra'"):
+        registry.register_table("other", order=41, files=lambda cfg: [])(write_extra)
 
 
 def test_a_path_without_hive_keys_is_an_error(tmp_path, default_raw):
@@ -488,7 +564,9 @@ def test_rule_tables_and_the_snakemake_report(tmp_path):
         write_eval(root, "tiny-s", method, "arith-easy")
     for method in ["grpo", "ict"]:
         write_train(root, "tiny-s", method)
+        write_overlap(root, "tiny-s", method, 0, 0.9)
     write_token_stats(root, "tiny-s", 0.4)
+    write_readings(root, "tiny-s")
     cfg = str(ROOT / "config" / "test.yaml")
     proc = snakemake("tables", "--cores", "1", "--configfile", cfg, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -573,7 +651,8 @@ def test_paired_gain_refuses_different_problems():
 
 
 def test_base_gain_table_by_hand(default_raw):
-    """Cells, bold where the interval excludes zero, averages over seeds, and missing cells."""
+    """Cells, bold where the interval excludes zero, means over seeds with their sd, the interval
+    over seeds and problems, and missing cells."""
     from stages.tables import base_gain_table
 
     raw = config(default_raw, ablations=False)
@@ -602,14 +681,22 @@ def test_base_gain_table_by_hand(default_raw):
     counts = pl.DataFrame(rows).with_columns(pl.col("n", "c").cast(pl.UInt32))
     table, frame = base_gain_table(cfg, counts)
     body = {r[1]: r[2:] for r in table.rows}
-    assert body["GRPO"] == ["+25.0 [+25.0, +25.0]", "+0.0 [+0.0, +0.0]", "+0.0 [+0.0, +0.0]", "+8.3"]
-    assert body["ICT"] == ["—", "-25.0 [-25.0, -25.0]", "—", "—"]
+    assert body["GRPO"] == ["+25.0 ±0.0 [+25.0, +25.0]", "+0.0 ±0.0 [+0.0, +0.0]",
+                            "+0.0 ±0.0 [+0.0, +0.0]", "+8.3 ±0.0"]
+    # ICT on mid: −50 points with seed 0, 0 with seed 1; sd √(2·25²) = 35.4. Resampling the two
+    # seeds gives −50 (both draws seed 0, p = 1/4), −25 or 0 (p = 1/4): the interval is [−50, 0]
+    # and does not exclude 0, where pooling the seeds' accuracies first gave [−25, −25]
+    assert body["ICT"] == ["—", "-25.0 ±35.4 [-50.0, +0.0]", "—", "—"]
     assert body["STAPO"] == ["—", "—", "—", "—"]
     bold = {table.rows[i][1]: table.bold[i][2:] for i in range(len(table.rows))}
-    assert bold["GRPO"] == [True, False, False, False] and bold["ICT"][1]
+    assert bold["GRPO"] == [True, False, False, False] and not bold["ICT"][1]
     assert table.rows[0][0] == "Tiny-S" and table.rows[1][0] == ""
     ict = frame.filter(pl.col("method") == "ict").row(0, named=True)
     assert (ict["bench"], ict["delta"], ict["n_problems"]) == ("arith-mid", pytest.approx(-25.0), 40)
+    assert (ict["ci_low"], ict["ci_high"]) == pytest.approx((-50.0, 0.0))
+    assert (ict["delta_seed_sd"], ict["delta_seed_min"], ict["delta_seed_max"]) == pytest.approx(
+        (25 * 2 ** 0.5, -50.0, 0.0))
+    assert "resampling seeds and problems together" in table.notes[0]
     assert ict["sources"].split(";") == ["base/0/arith-mid/samples.parquet", "base/1/arith-mid/samples.parquet",
                                          "ict/0/arith-mid/samples.parquet", "ict/1/arith-mid/samples.parquet"]
 

@@ -45,8 +45,8 @@ def rendered(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     _, args = build(Path("."), yaml.safe_load(CONFIG.read_text()))
     proc = run_stage("tables", "--config", str(CONFIG), "--eval", *args.eval, "--train", *args.train,
-                     "--token-stats", *args.token_stats, "--tables-dir", "tables",
-                     "--figures-dir", "figures", cwd=tmp_path)
+                     "--token-stats", *args.token_stats, "--overlap", *args.overlap,
+                     "--tables-dir", "tables", "--figures-dir", "figures", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     if os.environ.get("TABLES_GOLDEN") == "regenerate":
         for sub in OUTPUTS:

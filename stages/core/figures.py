@@ -1,4 +1,5 @@
-"""Figures of the tables stage: training curves and pass@k against k (PNG, matplotlib Agg).
+"""Figures of the tables stage: training curves, curves over steps and pass@k against k (PNG,
+matplotlib Agg).
 
 The functions take frames and the printed names and line styles of each series; which series and
 names a run has is the stage's business (stages.tables).
@@ -7,6 +8,7 @@ names a run has is the stage's business (stages.tables).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -38,31 +40,71 @@ def _spans_decades(values: list[float]) -> bool:
     return bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
 
 
-def training_curves(runs: pl.DataFrame, panels: list[tuple[str, str, bool]], series: list[str],
-                    labels: dict[str, str], styles: dict[str, dict], title: str,
-                    path: str | Path) -> None:
-    """One panel per (column, title, log axis) against `step`, one line per method and seed.
+def running_mean(frame: pl.DataFrame, column: str, window: int, by: list[str],
+                 x: str = "step") -> pl.DataFrame:
+    """`column` replaced by its centred running mean over `window` consecutive rows of each group
+    of `by` (ordered by `x`; fewer rows at the ends and around nulls). Unitless smoothing: the
+    column keeps its units."""
+    frame = frame.drop_nulls(column).sort(*by, x)
+    return frame.with_columns(pl.col(column).rolling_mean(window, min_samples=1, center=True)
+                              .over(by))
 
-    `runs` has columns `method`, `seed`, `step` and the panel columns (a missing column shows
-    "not recorded"). A log axis is used when asked for and the values span a decade or more.
-    """
-    fig, axes = _grid(len(panels), 3, 13 / 3, 3.5)
-    for ax, (column, panel_title, log) in zip(axes.flat, panels, strict=False):
-        ax.set_title(panel_title, fontsize=10)
-        ax.set_xlabel("step")
-        drawn = False
-        if not runs.is_empty() and column in runs.columns:
-            for method in series:
-                part = runs.filter(pl.col("method") == method).drop_nulls(column)
-                for i, seed in enumerate(sorted(part["seed"].unique().to_list())):
-                    run = part.filter(pl.col("seed") == seed).sort("step")
-                    ax.plot(run["step"].to_list(), run[column].to_list(), linewidth=1.3,
-                            label=labels[method] if i == 0 else None, **styles[method])
-                    drawn = True
+
+def seed_bands(frame: pl.DataFrame, column: str, by: str = "method", x: str = "step",
+               need: dict[str, int] | None = None) -> pl.DataFrame:
+    """Per `by` and `x`: the mean over seeds of `column`, its minimum and maximum (the band) and
+    the number of seeds; with `need` (by -> seeds), only the x where all of them are present."""
+    out = (frame.drop_nulls(column).group_by(by, x)
+           .agg(mean=pl.col(column).mean(), low=pl.col(column).min(), high=pl.col(column).max(),
+                seeds=pl.col("seed").n_unique())
+           .sort(by, x))
+    if need is not None:
+        out = out.filter(pl.col("seeds") == pl.col(by).replace_strict(need, default=0))
+    return out
+
+
+@dataclass
+class BandPanel:
+    """One panel of band_panels: the bands of seed_bands against `step` (None: not recorded)."""
+
+    title: str
+    bands: pl.DataFrame | None
+    log: bool = False  # a log axis, when the values span a decade or more
+    ylabel: str | None = None
+    zero: bool = False  # a horizontal line at 0 (a difference against a reference)
+    empty: str = "not recorded"
+
+
+def band_panels(panels: list[BandPanel], series: list[str], labels: dict[str, str],
+                styles: dict[str, dict], xlabel: str, title: str, path: str | Path,
+                cols: int = 3, size: tuple[float, float] = (13 / 3, 3.5)) -> None:
+    """One line per method of `series` per panel (the mean over seeds against x), with the range
+    over seeds shaded where a point has two or more seeds."""
+    fig, axes = _grid(len(panels), min(cols, len(panels)), *size)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        if panel.ylabel:
+            ax.set_ylabel(panel.ylabel)
+        drawn, shown = False, []
+        bands = panel.bands if panel.bands is not None else pl.DataFrame()
+        for method in series:
+            part = bands.filter(pl.col("method") == method) if not bands.is_empty() else bands
+            if part.is_empty():
+                continue
+            x = part["step"].to_list()
+            ax.plot(x, part["mean"].to_list(), linewidth=1.4, label=labels[method], **styles[method])
+            if part["seeds"].max() > 1:
+                ax.fill_between(x, part["low"].to_list(), part["high"].to_list(), linewidth=0,
+                                alpha=0.2, color=styles[method].get("color"))
+            shown += part["low"].to_list() + part["high"].to_list()
+            drawn = True
+        if panel.zero and drawn:
+            ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if not drawn:
-            _message(ax, "no training metrics" if runs.is_empty() else "not recorded")
-        elif log and _spans_decades(runs[column].drop_nulls().to_list()):
+            _message(ax, panel.empty)
+        elif panel.log and _spans_decades(shown):
             ax.set_yscale("log")  # collapse and explosion both show on a log axis
     _finish(fig, axes, len(panels), title, path)
 

@@ -4,14 +4,16 @@
         --eval results/<run>/eval/size=S/method=M/seed=K/bench=B ... \
         --train results/<run>/train/size=S/method=M/seed=K ... \
         --token-stats results/<run>/token_stats/size=S ... \
+        [--eval-steps results/<run>/eval_steps/size=S/method=M/seed=K/step=N/bench=B ...] \
+        [--overlap results/<run>/overlap/size=S/method=M/seed=K ...] \
         --tables-dir results/<run>/tables --figures-dir results/<run>/figures
 
-Each folder is named by its hive keys (size=, method=, seed=, bench=), which is all the stage
+Each folder is named by its hive keys (size=, method=, seed=, step=, bench=), which is all the stage
 needs to place its numbers; a cell of the grid without a folder shows "—". Tables are written as
 Markdown, LaTeX (booktabs) and CSV (unformatted numbers and the file each came from), plus one
 HTML page for the Snakemake report; `sources.csv` lists every file read with its provenance.
 The papers' numbers (stages.core.reported) stand in their own labelled columns beside ours
-(main_total, ablation, the ICT-gain summary), never in our cells.
+(main_total, main_8020, ablation, overlap, ict_readings, the ICT-gain summary), never in our cells.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ if __name__ == "__main__":
     p = cli.parser(__doc__.splitlines()[0])
     p.add_argument("--eval", nargs="*", help="evaluation folders (.../size=/method=/seed=/bench=)")
     p.add_argument("--train", nargs="*", help="training folders (.../size=/method=/seed=)")
-    p.add_argument("--token-stats", nargs="*", help="token-statistics folders (.../size=)")
+    p.add_argument("--token-stats", nargs="*", help="token-statistics folders (.../size=), "
+                   "with readings.parquet where token_stats.ict_readings")
+    p.add_argument("--eval-steps", nargs="*", help="evaluations of the checkpoints saved every "
+                   "train.save_every steps (.../size=/method=/seed=/step=/bench=)")
+    p.add_argument("--overlap", nargs="*", help="overlap folders of the 80/20 paper's Table 1 "
+                   "(.../size=/method=/seed=, each with overlap.parquet)")
     p.add_argument("--tables-dir", required=True)
     p.add_argument("--figures-dir", required=True)
     cli.run(_main, p)

@@ -1,5 +1,5 @@
 """Every evaluation metric in one long CSV, a row per size x method x seed x bench x metric with the
-file it came from (eval_long.csv)."""
+file it came from (eval_long.csv); with evaluate.graders, a row per grader too (column `grader`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from .write import write_csv
 
 @register_table("eval_long", order=80, files=lambda cfg: ["eval_long.csv"])
 def write_eval_long(cfg: Config, data: Loaded, folder: Path) -> list[Table]:
-    long = data.metrics.sort("size", "method", "seed", "bench", "metric") \
-        if not data.metrics.is_empty() else data.metrics
-    write_csv(long, folder / "eval_long.csv")
+    graders = bool(cfg.evaluate.graders) and not data.graded.is_empty()
+    long = data.graded if graders else data.metrics
+    keys = ["size", "method", "seed", "bench", "metric"] + (["grader"] if graders else [])
+    write_csv(long.sort(keys) if not long.is_empty() else long, folder / "eval_long.csv")
     return []

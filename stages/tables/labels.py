@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 from ..config import Config
 from ..core.render import MISSING
+from ..core.selectors import ICT_LABELS
 
 HEADLINE_K = 4  # ICT reports pass@4
 TOTAL_KS = (1, 4)  # ICT's Total is the mean of P@1 and P@4
 NOT_ICT = "not ICT"
-READINGS = {"token_id": "JSD token-id reading", "scope_position": "JSD scope-position reading"}
-"""ICT variants that are our earlier readings, contradicted by the recovered text (METHODS §3):
-labelled as ours and never as ICT."""
+READINGS = {variant: label.removesuffix(" (ours, not ICT)")
+            for variant, label in ICT_LABELS.items() if variant != "paper"}
+"""ICT variants that are our readings, never ICT (METHODS §3): the earlier token_id and
+scope_position, contradicted by the recovered text, and the readings of the reference that the
+summaries leave open (the response's own average, the group's pooled average, the group-step mean
+leaving the response out). Labelled as ours and never as ICT."""
 
 
 def _non_default(selector: str, params: dict, skip: tuple[str, ...] = ()) -> list[str]:
@@ -28,7 +34,7 @@ def _param_text(key: str, value) -> str:
 
 
 def is_reading(cfg: Config, name: str) -> bool:
-    """An `ict`-selector method with one of our earlier readings (token_id, scope_position)."""
+    """An `ict`-selector method with one of our readings (READINGS), not the paper's rule."""
     m = cfg.methods.get(name)
     return m is not None and m.selector == "ict" and m.selector_params()["variant"] in READINGS
 
@@ -112,8 +118,69 @@ def grpo_method(cfg: Config, methods: list[str]) -> str | None:
     return next((m for m in methods if cfg.methods[m].selector == "all"), None)
 
 
-def headline_k(cfg: Config) -> int:
-    return HEADLINE_K if HEADLINE_K in cfg.evaluate.k else max(cfg.evaluate.k)
+def headline(cfg: Config) -> str:
+    """The main tables' metric (evaluate.headline): pass@k with k in evaluate.k, or avg@n."""
+    return cfg.evaluate.headline
+
+
+def metric_key(metric: str) -> str:
+    """pass@4 -> pass4, avg@16 -> avg16: the metric in file stems and CSV column names."""
+    return metric.replace("@", "")
+
+
+def delta_label(metric: str) -> str:
+    """The Δ column of a metric: Δ@4 for pass@4 (as ICT prints it), Δ avg@16 for avg@16."""
+    return f"Δ@{metric.split('@')[1]}" if metric.startswith("pass@") else f"Δ {metric}"
+
+
+def delta_key(metric: str) -> str:
+    """delta4 for pass@4, delta_avg16 for avg@16 (CSV column names)."""
+    return f"delta{metric.split('@')[1]}" if metric.startswith("pass@") else f"delta_{metric_key(metric)}"
+
+
+def metric_note(cfg: Config, metric: str) -> str:
+    """What a metric is, for the notes: the estimator and the evaluation's sampling."""
+    ev = cfg.evaluate
+    sampling = (f"(T = {ev.temperature:g}, top-p = {ev.top_p:g}, at most {ev.max_new_tokens} new "
+                "tokens)")
+    if metric.startswith("avg@"):
+        return (f"{metric} in % (the 80/20 paper's Acc@{ev.n}): the mean accuracy over the n = {ev.n} "
+                f"samples of each problem, not pass@{ev.n} {sampling}")
+    return f"{metric} in %: unbiased estimator from n = {ev.n} samples per problem {sampling}"
+
+
+def hub_size(cfg: Config, size: str, pattern: re.Pattern, family: str | None = None) -> str | None:
+    """The paper size a hub model stands for: the one size `pattern` (group 1) finds in its model
+    id, else in its size key (lower case), in a name that contains `family` (when given); None for
+    scratch models and for names with none (or with two different ones)."""
+    model = cfg.models[size]
+    if model.source != "hub":
+        return None
+    for name in (model.hub.model_id.lower(), size.lower()):
+        if family is not None and family not in name:
+            continue
+        found = {m.group(1) for m in pattern.finditer(name)}
+        if len(found) == 1:
+            return f"{found.pop()}B"
+        if found:
+            return None
+    return None
+
+
+def reference_row(cfg: Config, methods: list[str]) -> list[str]:
+    """`methods` with the full-token baseline (grpo_method) first, the others in their order."""
+    ref = grpo_method(cfg, methods)
+    return ([ref] if ref else []) + [m for m in methods if m != ref]
+
+
+def curve_methods(cfg: Config) -> list[str]:
+    """Experiment methods whose training saves checkpoints (train_for(m).save_every)."""
+    return [m for m in cfg.experiment.methods if cfg.train_for(m).save_every]
+
+
+def curve_benchmarks(cfg: Config) -> list[str]:
+    """The benchmarks of the curves over steps (evaluate.curve_benchmarks, else all)."""
+    return list(cfg.evaluate.curve_benchmarks or cfg.experiment.benchmarks)
 
 
 def has_total(cfg: Config) -> bool:

@@ -1,5 +1,6 @@
 """The main table, pass@k per size x method x benchmark, and ICT's gains over the baselines beside
-the paper's headline (one main_pass<k> .md/.tex/.csv and one ict_gains_pass<k>.csv per k)."""
+the paper's headline (one main_pass<k> .md/.tex/.csv and one ict_gains_pass<k>.csv per k; and
+main_avg<n> .md/.tex/.csv when evaluate.headline is avg@n, the 80/20 paper's Acc@n)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,24 @@ import polars as pl
 
 from ..config import Config
 from ..core import reported
-from ..core.render import MISSING, Table, bold_best, mean_or_none, pct
+from ..core.render import MISSING, Table, bold_best, pct
 from .labels import (
     HEADLINE_K,
     NOT_ICT,
     bench_label,
     grpo_method,
     has_total,
-    headline_k,
+    headline,
     is_ict,
     method_groups,
     method_label,
+    metric_key,
+    metric_note,
     size_label,
 )
-from .load import Loaded, cells
+from .load import Loaded, avg_cell, cell_sources, cells, problems_of
 from .registry import register_table
+from .seeds import Problems, interval_columns, seed_columns, spread_note, spread_text
 from .write import sources_note, table_files, write_csv, write_table
 
 # What the papers report (METHODS §7, stages.core.reported), printed beside our numbers and never
@@ -39,12 +43,19 @@ PAPER_ICT = (
     f"Source: {reported.ICT_SOURCE}.")
 
 
-def main_table(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table, pl.DataFrame]:
+def main_table(cfg: Config, metrics: pl.DataFrame, metric: str | int,
+               problems: Problems | None = None) -> tuple[Table, pl.DataFrame]:
+    """The main table of one metric (pass@k, or k alone; avg@n): per size x method x benchmark,
+    the mean over seeds (± their sd with several), the average and Δ against the full-token
+    baseline; `problems` gives the CSV's intervals over seeds and problems with several seeds."""
+    metric = f"pass@{metric}" if isinstance(metric, int) else metric
+    stem = f"main_{metric_key(metric)}"
     exp = cfg.experiment
     main, _ = method_groups(cfg)
     methods = ["base", *main]
     grpo = grpo_method(cfg, main)
-    table = cells(metrics, f"pass@{k}", cfg.experiment.seeds)
+    seeds = sorted(set(exp.seeds))
+    table = cells(metrics, metric, exp.seeds, problems)
     benches = list(exp.benchmarks)
     columns = ["Size", "Method", *(bench_label(cfg, b) for b in benches), "Avg."]
     if grpo:
@@ -52,58 +63,67 @@ def main_table(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table, pl.Da
     rows, bold, starts, csv_rows, used = [], [], [], [], []
     for size in exp.sizes:
         starts.append(len(rows))
-        block = []
+        block, spreads = [], []
         for method in methods:
             values = [table[size, method, b].value if (size, method, b) in table else None
                       for b in benches]
-            block.append([*values, mean_or_none(values)])
+            avg, avg_seeds = avg_cell(table, size, method, benches)
+            block.append([*values, avg])
+            spreads.append([*(table[size, method, b].per_seed if (size, method, b) in table else ()
+                              for b in benches), avg_seeds or ()])
         grpo_avg = block[methods.index(grpo)][-1] if grpo else None
         marks = bold_best(block)
         for i, (method, values) in enumerate(zip(methods, block, strict=True)):
             avg = values[-1]
             delta = (avg - grpo_avg) if grpo and method != grpo and None not in (avg, grpo_avg) else None
             row = [size_label(cfg, size) if i == 0 else "", method_label(cfg, method),
-                   *(pct(v) for v in values)]
+                   *(spread_text(v, sp) for v, sp in zip(values, spreads[i], strict=True))]
             if grpo:
                 row.append("ref." if method == grpo else pct(delta, signed=True))
             rows.append(row)
             bold.append([False, False, *marks[i]] + ([False] if grpo else []))
             record = {"size": size, "method": method, "label": method_label(cfg, method),
-                      "metric": f"pass@{k}"}
+                      "metric": metric}
             for b in benches:
                 c = table.get((size, method, b))
                 record[f"{b}"] = 100 * c.value if c else None
                 record[f"{b}_ci_low"] = 100 * c.ci_low if c and c.ci_low is not None else None
                 record[f"{b}_ci_high"] = 100 * c.ci_high if c and c.ci_high is not None else None
+                record.update(seed_columns(b, c.per_seed if c else None, len(seeds)))
                 if grpo and c and (size, grpo, b) in table and method != grpo:
                     record[f"{b}_delta_vs_grpo"] = 100 * (c.value - table[size, grpo, b].value)
                 else:
                     record[f"{b}_delta_vs_grpo"] = None
             record["avg"] = None if avg is None else 100 * avg
+            if len(seeds) > 1:
+                record.update(seed_columns("avg", spreads[i][-1], len(seeds)))
+                record.update(interval_columns("avg", problems.interval(
+                    size, method, benches, [metric], seeds) if problems and avg is not None else None))
             record["avg_delta_vs_grpo"] = None if delta is None else 100 * delta
             record["best_in_size"] = ";".join(
                 col for col, m in zip([*benches, "avg"], marks[i], strict=True) if m)
-            files = [s for b in benches if (size, method, b) in table for s in table[size, method, b].sources]
+            files = cell_sources(table, size, method, benches)
             record["sources"] = ";".join(files)
             used += files
             csv_rows.append(record)
-    seeds = sorted(set(cfg.experiment.seeds))
     ev = cfg.evaluate
     notes = [
-        f"pass@{k} in %: unbiased estimator from n = {ev.n} samples per problem (T = {ev.temperature:g}, "
-        f"top-p = {ev.top_p:g}, at most {ev.max_new_tokens} new tokens), mean over problems"
+        metric_note(cfg, metric) + ", mean over problems"
         + (f", then over seeds {', '.join(map(str, seeds))} (— unless all are present)"
            if len(seeds) > 1 else "")
         + ". Bold: best per size. Avg.: unweighted mean over the benchmarks (— if one is missing)."
-        + (f" Δ: Avg. minus {method_label(cfg, grpo)}'s Avg., in points." if grpo else ""),
-        f"95% bootstrap intervals over problems ({ev.bootstrap} resamples): main_pass{k}.csv.",
+        + (f" Δ: Avg. minus {method_label(cfg, grpo)}'s Avg., in points." if grpo else "")
+        + spread_note(seeds),
+        (f"95% bootstrap intervals over problems ({ev.bootstrap} resamples): {stem}.csv." if len(seeds) < 2
+         else f"95% bootstrap intervals that resample seeds and problems together ({ev.bootstrap} "
+              f"resamples; seeds, then problems, with replacement): {stem}.csv."),
         "ICT rows follow the paper's rule as summaries of its text give it (METHODS §3); rows "
         f"marked '{NOT_ICT}' are our earlier readings. Every cell is ours"
         + (": the paper's numbers stand beside ours in main_total, never in these cells."
            if has_total(cfg) else "."),
-        sources_note(used, f"main_pass{k}.csv"),
+        sources_note(used, f"{stem}.csv"),
     ]
-    title = f"Main results: pass@{k} (%) per size, method and benchmark"
+    title = f"Main results: {metric} (%) per size, method and benchmark"
     out = Table(title, columns, rows, bold, starts, notes, left_columns=2)
     frame = pl.DataFrame(csv_rows, infer_schema_length=None)
     return out, frame
@@ -168,21 +188,35 @@ def ict_gains(cfg: Config, metrics: pl.DataFrame, k: int) -> tuple[Table | None,
     return t, frame
 
 
+def main_metrics(cfg: Config) -> list[str]:
+    """The main tables' metrics, the headline first: pass@k for each k, and the headline when it
+    is avg@n."""
+    hl = headline(cfg)
+    ks = [f"pass@{k}" for k in cfg.evaluate.k]
+    return [hl] + [m for m in sorted(ks, key=lambda m: int(m.split("@")[1])) if m != hl]
+
+
 def main_files(cfg: Config) -> list[str]:
     ks = cfg.evaluate.k
-    return [n for k in ks for n in table_files(f"main_pass{k}")] + [f"ict_gains_pass{k}.csv" for k in ks]
+    avg = [] if headline(cfg).startswith("pass@") else table_files(f"main_{metric_key(headline(cfg))}")
+    return avg + [n for k in ks for n in table_files(f"main_pass{k}")] + [f"ict_gains_pass{k}.csv" for k in ks]
 
 
 @register_table("main_pass", order=10, files=main_files)
 def write_main_pass(cfg: Config, data: Loaded, folder: Path) -> list[Table]:
-    """One main table per k, ICT's gains below it; on the pages the headline k comes first."""
+    """One main table per k, ICT's gains below it (and one of avg@n when it is the headline); on
+    the pages the headline comes first."""
     shown = []
-    hk = headline_k(cfg)
-    for k in sorted(cfg.evaluate.k, key=lambda k: (k != hk, k)):
-        table, frame = main_table(cfg, data.metrics, k)
-        gains, gain_frame = ict_gains(cfg, data.metrics, k)
-        parts = [(table, f"tab:main-pass{k}")] + ([(gains, f"tab:ict-gains-pass{k}")] if gains else [])
-        write_table(parts, frame, folder / f"main_pass{k}")
-        write_csv(gain_frame, folder / f"ict_gains_pass{k}.csv")
+    problems = problems_of(cfg, data)
+    for metric in main_metrics(cfg):
+        key = metric_key(metric)
+        table, frame = main_table(cfg, data.metrics, metric, problems)
+        parts = [(table, f"tab:main-{key}")]
+        if metric.startswith("pass@"):
+            k = int(metric.split("@")[1])
+            gains, gain_frame = ict_gains(cfg, data.metrics, k)
+            parts += [(gains, f"tab:ict-gains-pass{k}")] if gains else []
+            write_csv(gain_frame, folder / f"ict_gains_pass{k}.csv")
+        write_table(parts, frame, folder / f"main_{key}")
         shown += [t for t, _ in parts]
     return shown

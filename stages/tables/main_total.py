@@ -10,18 +10,20 @@ import polars as pl
 
 from ..config import Config
 from ..core import reported
-from ..core.render import MISSING, Table, bold_best, mean_or_none, pct
+from ..core.render import MISSING, Table, bold_best, mean_or_none
 from .labels import (
     TOTAL_KS,
     bench_label,
     has_total,
+    hub_size,
     method_groups,
     method_label,
     reported_text,
     size_label,
 )
-from .load import Loaded, cells
+from .load import Loaded, avg_cell, cells, problems_of
 from .registry import register_table
+from .seeds import Problems, interval_columns, mean_per_seed, seed_columns, spread_note, spread_text
 from .write import sources_note, table_files, write_table
 
 TABLE1_LABEL = "reported (summaries of ICT Table 1)"
@@ -32,37 +34,32 @@ def paper_size(cfg: Config, size: str) -> str | None:
     """The size of ICT's Table 1 a hub model stands for ('0.5B', '1.5B', '7B'), from '0.5b',
     '1.5b' or '7b' in its model id or else its size key (case-insensitive); None for scratch
     models and for names with none of them (or with two different ones)."""
-    model = cfg.models[size]
-    if model.source != "hub":
-        return None
-    for name in (model.hub.model_id, size):
-        found = {m.group(1) for m in _PAPER_SIZE.finditer(name.lower())}
-        if len(found) == 1:
-            return f"{found.pop()}B"
-        if found:
-            return None
-    return None
+    return hub_size(cfg, size, _PAPER_SIZE)
 
 
-def main_total_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.DataFrame]:
-    """Per size x method: our P@1, P@4 and Total (their mean), each averaged over our benchmarks;
-    beside them, in their own columns, the reported P@1 / P@4 / Total of the method's paper_row
-    at the matching paper size (reported.TABLE1)."""
+def main_total_table(cfg: Config, metrics: pl.DataFrame,
+                     problems: Problems | None = None) -> tuple[Table, pl.DataFrame]:
+    """Per size x method: our P@1, P@4 and Total (their mean), each averaged over our benchmarks
+    (and over seeds, ± their sd with several); beside them, in their own columns, the reported
+    P@1 / P@4 / Total of the method's paper_row at the matching paper size (reported.TABLE1)."""
     exp = cfg.experiment
     main, _ = method_groups(cfg)
     methods = ["base", *main]
+    seeds = sorted(set(exp.seeds))
     by_k = {k: cells(metrics, f"pass@{k}", exp.seeds) for k in TOTAL_KS}
+    benches = list(exp.benchmarks)
     columns = ["Size", "Method", "P@1 (ours)", "P@4 (ours)", "Total (ours)", TABLE1_LABEL,
                "P@1 (rep.)", "P@4 (rep.)", "Total (rep.)"]
     rows, bold, starts, records, used = [], [], [], [], []
     for size in exp.sizes:
         starts.append(len(rows))
         psize = paper_size(cfg, size)
-        block, files = [], []
+        block, spreads, files = [], [], []
         for method in methods:
-            avgs = [mean_or_none([by_k[k][size, method, b].value if (size, method, b) in by_k[k]
-                                  else None for b in exp.benchmarks]) for k in TOTAL_KS]
-            block.append([*avgs, mean_or_none(avgs)])
+            avgs = [avg_cell(by_k[k], size, method, benches) for k in TOTAL_KS]
+            values = [v for v, _ in avgs]
+            block.append([*values, mean_or_none(values)])
+            spreads.append([*(sp or () for _, sp in avgs), mean_per_seed([sp for _, sp in avgs]) or ()])
             files.append([s for k in TOTAL_KS for b in exp.benchmarks
                           for s in (by_k[k][size, method, b].sources
                                     if (size, method, b) in by_k[k] else ())])
@@ -73,14 +70,23 @@ def main_total_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.Data
             where = f"Qwen2.5-{psize}, {row_name}" if rep else MISSING
             p1, p4, total = block[i]
             rows.append([size_label(cfg, size) if i == 0 else "", method_label(cfg, method),
-                         pct(p1), pct(p4), pct(total), where,
+                         *(spread_text(v, sp) for v, sp in zip(block[i], spreads[i], strict=True)),
+                         where,
                          *(reported_text(getattr(rep, f) if rep else None) for f in ("p1", "p4", "total"))])
             bold.append([False, False, *marks[i], False, False, False, False])
+            spread = {}
+            for name, metric, value, per_seed in zip(
+                    ("pass1_avg", "pass4_avg", "total"), (["pass@1"], ["pass@4"], ["pass@1", "pass@4"]),
+                    block[i], spreads[i], strict=True):
+                spread |= seed_columns(name, per_seed, len(seeds))
+                if len(seeds) > 1:
+                    spread |= interval_columns(name, problems.interval(size, method, benches, metric, seeds)
+                                               if problems and value is not None else None)
             records.append({
                 "size": size, "method": method, "label": method_label(cfg, method),
                 "pass1_avg": None if p1 is None else 100 * p1,
                 "pass4_avg": None if p4 is None else 100 * p4,
-                "total": None if total is None else 100 * total,
+                "total": None if total is None else 100 * total, **spread,
                 "best_in_size": ";".join(c for c, m in zip(("pass1_avg", "pass4_avg", "total"),
                                                            marks[i], strict=True) if m),
                 "reported_size": f"Qwen2.5-{psize}" if rep else None,
@@ -96,7 +102,9 @@ def main_total_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.Data
         f"Ours: pass@1 and pass@4 in %, each the unweighted mean over our benchmarks ({benches})"
         + (f" and over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else "")
         + "; Total = (P@1 + P@4) / 2, as ICT's Table 1 defines it; — if a benchmark is missing. "
-        "Bold: best of ours per size. Per-benchmark cells: main_pass1, main_pass4.",
+        "Bold: best of ours per size. Per-benchmark cells: main_pass1, main_pass4."
+        + spread_note(seeds)
+        + (" 95% intervals resampling seeds and problems together: main_total.csv." if len(seeds) > 1 else ""),
         f"{TABLE1_LABEL[0].upper() + TABLE1_LABEL[1:]}: Qwen2.5 at the paper size that matches ours "
         "('0.5b', '1.5b' or '7b' in the hub model id or the size name; — for sizes that match none, "
         "and for methods without a Table 1 row), averaged over the paper's seven benchmarks "
@@ -108,9 +116,11 @@ def main_total_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.Data
     ]
     t = Table("Main results: pass@1, pass@4 and Total (%), ours beside the reported numbers",
               columns, rows, bold, starts, notes, align="llrrrlrrr")
+    extra = {c: pl.Float64 for c in records[0] if c.endswith(("_seed_sd", "_seed_min", "_seed_max",
+                                                              "_ci_low", "_ci_high"))} if records else {}
     frame = pl.DataFrame(records, schema={
         "size": pl.String, "method": pl.String, "label": pl.String, "pass1_avg": pl.Float64,
-        "pass4_avg": pl.Float64, "total": pl.Float64, "best_in_size": pl.String,
+        "pass4_avg": pl.Float64, "total": pl.Float64, **extra, "best_in_size": pl.String,
         "reported_size": pl.String, "reported_row": pl.String, "reported_p1": pl.Float64,
         "reported_p4": pl.Float64, "reported_total": pl.Float64, "reported_source": pl.String,
         "sources": pl.String})
@@ -119,6 +129,6 @@ def main_total_table(cfg: Config, metrics: pl.DataFrame) -> tuple[Table, pl.Data
 
 @register_table("main_total", order=20, files=lambda cfg: table_files("main_total"), applies=has_total)
 def write_main_total(cfg: Config, data: Loaded, folder: Path) -> list[Table]:
-    table, frame = main_total_table(cfg, data.metrics)
+    table, frame = main_total_table(cfg, data.metrics, problems_of(cfg, data))
     write_table([(table, "tab:main-total")], frame, folder / "main_total")
     return [table]

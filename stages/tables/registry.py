@@ -102,7 +102,9 @@ def output_names(cfg: Config) -> dict[str, list[str]]:
 
 
 def main(args, cfg: Config) -> None:
-    data = load(args.eval or [], args.train or [], args.token_stats or [])
+    data = load(args.eval or [], args.train or [], args.token_stats or [],
+                getattr(args, "eval_steps", None) or [], getattr(args, "overlap", None) or [],
+                own_graders={b: d.grader for b, d in cfg.datasets.items()})
     check_grid(cfg, data)
     tables_dir, figures_dir = Path(args.tables_dir), Path(args.figures_dir)
     everything: list[Table] = []

@@ -193,8 +193,12 @@ def train_dirs():
 # ----- the Snakemake report (snakemake --report report.html) ----------------------------------
 # Tables and figures shown in the report, with their captions (workflow/report/*.rst); the
 # Markdown and LaTeX copies of the tables and the long CSVs are outputs, not report items.
-REPORT_CSV = {"main_pass": "main_csv", "main_total": "main_total", "token_stats": "token_stats", "ablation": "ablation", "sources": "sources"}
-REPORT_FIGURES = {"training": "training curves", "pass_at_k": "pass@k against k", "entropy_hist": "token entropy"}
+REPORT_CSV = {"main_pass": "main_csv", "main_avg": "main_csv", "main_total": "main_total",
+              "main_8020": "main_8020", "token_stats": "token_stats", "overlap": "overlap",
+              "ict_readings": "ict_readings", "ablation": "ablation", "graders": "graders",
+              "curves": "curves_csv", "sources": "sources"}
+REPORT_FIGURES = {"training": "training curves", "curves": "curves over steps",
+                  "pass_at_k": "pass@k against k", "entropy_hist": "token entropy"}
 
 
 def report_item(folder, name):
