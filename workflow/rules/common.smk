@@ -17,9 +17,21 @@ try:
 except ConfigError as err:
     sys.exit(f"error: {err}")
 
+# The memory plan (python -m stages.plan): every GPU job must fit models.<size>.gpu_memory_gb
+# before anything is scheduled (no check where no size sets it).
+from stages.plan import check_plan
+
+try:
+    _PLAN = check_plan(CFG)
+except ConfigError as err:  # an unknown hub model names models.<size>.hub.model_id
+    sys.exit(f"error: {err}")
+if _PLAN:
+    sys.exit("error: invalid config\n  " + "\n  ".join(f"{CONFIG_SOURCE}: {p}" for p in _PLAN))
+
 RESULTS = f"results/{CFG.run}"
-# The interpreter running Snakemake runs the stages too, so an un-activated venv still works.
-PY = sys.executable
+# The interpreter running Snakemake runs the stages too, so an un-activated venv still works;
+# on a GPU cluster the stages run from the GPU environment (scripts/setup.sh --gpu), named here.
+PY = os.environ.get("ICT_RLVR_STAGE_PYTHON") or sys.executable
 EXP = CFG.experiment
 SCRATCH_SIZES = [s for s in EXP.sizes if CFG.models[s].source == "scratch"]
 
