@@ -206,6 +206,10 @@ class ModelSize(Strict):
     gpu_memory_gb: float | None = Field(
         None, gt=0, description="memory of one GPU of this size's jobs, GB; the memory plan "
         "(python -m stages.plan) checks every GPU job against it (None: not checked)")
+    train: dict[str, Any] = Field(
+        default_factory=dict, description="this size's changes to the `train` section (ZeRO "
+        "stage, offload, sequence parallelism, token budget...), applied before a method's own "
+        "(methods.<m>.train); the training job's config hash follows them")
     lr: float | None = Field(None, gt=0, description="this size's training learning rate (default train.lr)")
     label: str | None = Field(None, description="name printed in tables (default: the key)")
 
@@ -638,7 +642,9 @@ class Config(Strict):
         for name, method in self.methods.items():
             _check_method(name, method, self.train_for(name), name in exp.methods)
         for size in exp.sizes:
-            _check_layout(size, self.models[size], self.train)
+            for name in exp.methods:  # every training job's section validates
+                _check_method(name, self.methods[name], self.train_for(name, size), True)
+                _check_layout(size, self.models[size], self.train_for(name, size))
         for i, name in enumerate(self.evaluate.curve_benchmarks or []):
             if name not in exp.benchmarks:
                 raise _RefError(f"evaluate.curve_benchmarks.{i}", f"{name!r} is not in experiment.benchmarks")
@@ -667,29 +673,20 @@ class Config(Strict):
             names.insert(0, self.experiment.sft_dataset)
         return list(dict.fromkeys(names))
 
-    def train_for(self, method: str) -> Train:
-        """The `train` section a method trains with: `train` with `methods.<method>.train` applied."""
-        changes = self.methods[method].train
-        if not changes:
-            return self.train
-        merged = {**self.train.model_dump(), **changes}
-        if isinstance(changes.get("loss"), dict):
-            merged["loss"] = {**self.train.loss.model_dump(), **changes["loss"]}
-        try:
-            return Train.model_validate(merged)
-        except ValidationError as err:
-            e = err.errors()[0]
-            loc = ".".join(str(p) for p in e["loc"])
-            ctx = e.get("ctx", {}).get("error")
-            if isinstance(ctx, _FieldError):
-                loc, msg = ctx.field, ctx.message
-            else:
-                msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
-            raise _RefError(f"methods.{method}.train" + (f".{loc}" if loc else ""), msg) from None
+    def train_for(self, method: str | None = None, size: str | None = None) -> Train:
+        """The `train` section one training job reads: `train`, then `models.<size>.train`,
+        then `methods.<method>.train` applied (each a partial section; `loss` merges key by key)."""
+        train = self.train
+        layers = [(f"models.{size}.train", self.models[size].train if size else {}),
+                  (f"methods.{method}.train", self.methods[method].train if method else {})]
+        for where, changes in layers:
+            if changes:
+                train = _apply(train, changes, where)
+        return train
 
-    def for_method(self, method: str) -> Config:
-        """This config as one method's training job reads it: `train` is train_for(method)."""
-        train = self.train_for(method)
+    def for_method(self, method: str, size: str | None = None) -> Config:
+        """This config as one training job reads it: `train` is train_for(method, size)."""
+        train = self.train_for(method, size)
         return self if train is self.train else self.model_copy(update={"train": train})
 
     def section_hash(self, *keys: str) -> str:
@@ -734,6 +731,24 @@ def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None
                             f"unknown reported row {method.paper_row!r}; known: {sorted(REPORTED_ROWS)}")
 
 
+def _apply(train: Train, changes: dict, where: str) -> Train:
+    """`train` with a partial section applied; errors name `where` and the key."""
+    merged = {**train.model_dump(), **changes}
+    if isinstance(changes.get("loss"), dict):
+        merged["loss"] = {**train.loss.model_dump(), **changes["loss"]}
+    try:
+        return Train.model_validate(merged)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        ctx = e.get("ctx", {}).get("error")
+        if isinstance(ctx, _FieldError):
+            loc, msg = ctx.field, ctx.message
+        else:
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        raise _RefError(where + (f".{loc}" if loc else ""), msg) from None
+
+
 def _check_graders(cfg: Config) -> None:
     """Graders exist; a training dataset's scored grader gives the reward, so the config's own
     reward values (train.reward_correct / reward_incorrect) must be left unset."""
@@ -752,6 +767,7 @@ def _check_graders(cfg: Config) -> None:
         return
     grader = cfg.datasets[scored[0]].grader
     sections = [("train", cfg.train.model_dump())] + [
+        (f"models.{s}.train", cfg.models[s].train) for s in cfg.experiment.sizes] + [
         (f"methods.{m}.train", cfg.methods[m].train) for m in cfg.experiment.methods]
     for where, section in sections:
         for key in ("reward_correct", "reward_incorrect"):

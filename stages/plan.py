@@ -171,11 +171,11 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
         return []
     sections: dict[str, list[str]] = {}
     for method in cfg.experiment.methods:
-        key = json.dumps(cfg.train_for(method).model_dump(mode="json"), sort_keys=True)
+        key = json.dumps(cfg.train_for(method, size).model_dump(mode="json"), sort_keys=True)
         sections.setdefault(key, []).append(method)
     plans = []
     for methods in sections.values():
-        t = cfg.train_for(methods[0])
+        t = cfg.train_for(methods[0], size)
         layout = Layout(t.dtype, t.zero_stage, t.offload_params, t.offload_optimizer,
                         m.train_nodes, m.train_gpus_per_node())
         w, sp, tp = mem.dtype_bytes(t.dtype), t.sequence_parallel, m.train_tensor_parallel_size

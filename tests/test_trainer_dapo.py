@@ -180,6 +180,22 @@ def test_a_methods_training_keys_apply_to_it_alone_and_its_hash(test_raw):
     assert cfg.section_hash(*ict_keys) == base.section_hash(*ict_keys)
 
 
+def test_a_sizes_training_keys_apply_before_the_methods(test_raw):
+    """models.<size>.train (ZeRO stage, token budget... per size), then methods.<m>.train."""
+    from stages.config import ConfigError
+
+    raw = copy.deepcopy(test_raw)
+    raw["models"]["tiny-s"]["train"] = {"micro_batch_size": 3, "lr": 5e-4}
+    raw["methods"]["grpo"]["train"] = {"micro_batch_size": 5}
+    cfg = validate(raw, "x.yaml")
+    assert cfg.train_for("ict", "tiny-s").micro_batch_size == 3
+    assert (cfg.train_for("grpo", "tiny-s").micro_batch_size, cfg.train_for("grpo", "tiny-s").lr) == (5, 5e-4)
+    assert cfg.train_for("grpo").lr == cfg.train.lr  # no size: the method's changes only
+    raw["models"]["tiny-s"]["train"] = {"zero_stage": 2, "offload_params": True}
+    with pytest.raises(ConfigError, match="models.tiny-s.train.offload_params: offloading parameters"):
+        validate(raw, "x.yaml")
+
+
 # ---------------------------------------------------------------------------------------------
 # The loss: truncated importance sampling
 # ---------------------------------------------------------------------------------------------

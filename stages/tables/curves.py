@@ -36,7 +36,7 @@ def curve_points(cfg: Config, data: Loaded) -> pl.DataFrame:
     as in metrics.parquet)
     and the file it came from. Step 0 is the base model's evaluation (the same for every method),
     the steps between are the checkpoints' (eval_steps), and the last is the final model's, at
-    step train_for(method).steps."""
+    step train_for(method, size).steps."""
     hl, benches, seeds = headline(cfg), curve_benchmarks(cfg), cfg.experiment.seeds
 
     def pick(frame: pl.DataFrame) -> pl.DataFrame:
@@ -47,14 +47,17 @@ def curve_points(cfg: Config, data: Loaded) -> pl.DataFrame:
 
     final, steps = pick(data.metrics), pick(data.steps)
     parts = []
-    for method in curve_methods(cfg):
-        last = cfg.train_for(method).steps
-        parts.append(final.filter(pl.col("method") == "base").with_columns(
-            method=pl.lit(method), step=pl.lit(0, pl.Int64)))
-        if "step" in steps.columns:
-            parts.append(steps.filter((pl.col("method") == method) & (pl.col("step") > 0)
-                                      & (pl.col("step") < last)))
-        parts.append(final.filter(pl.col("method") == method).with_columns(step=pl.lit(last, pl.Int64)))
+    for size in cfg.experiment.sizes:
+        here = pl.col("size") == size
+        for method in curve_methods(cfg):
+            last = cfg.train_for(method, size).steps
+            parts.append(final.filter(here & (pl.col("method") == "base")).with_columns(
+                method=pl.lit(method), step=pl.lit(0, pl.Int64)))
+            if "step" in steps.columns:
+                parts.append(steps.filter(here & (pl.col("method") == method) & (pl.col("step") > 0)
+                                          & (pl.col("step") < last)))
+            parts.append(final.filter(here & (pl.col("method") == method)).with_columns(
+                step=pl.lit(last, pl.Int64)))
     parts = [p.select(list(POINT_SCHEMA)).cast(POINT_SCHEMA) for p in parts if not p.is_empty()]
     if not parts:
         return pl.DataFrame(schema=POINT_SCHEMA)

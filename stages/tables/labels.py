@@ -175,7 +175,8 @@ def reference_row(cfg: Config, methods: list[str]) -> list[str]:
 
 def curve_methods(cfg: Config) -> list[str]:
     """Experiment methods whose training saves checkpoints (train_for(m).save_every)."""
-    return [m for m in cfg.experiment.methods if cfg.train_for(m).save_every]
+    return [m for m in cfg.experiment.methods
+            if any(cfg.train_for(m, s).save_every for s in cfg.experiment.sizes)]
 
 
 def curve_benchmarks(cfg: Config) -> list[str]:

@@ -98,7 +98,7 @@ def overlap_path(size, method, seed):
 
 
 # the curves over steps: some method saves checkpoints (train.save_every, or its own train keys)
-CURVES = any(CFG.train_for(m).save_every for m in EXP.methods)
+CURVES = any(CFG.train_for(m, s).save_every for m in EXP.methods for s in EXP.sizes)
 
 
 def tables_dir():

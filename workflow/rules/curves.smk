@@ -14,7 +14,7 @@ def eval_step_dirs():
         for size in EXP.sizes
         for method in EXP.methods
         for seed in EXP.seeds
-        for step in checkpoint_steps(CFG.train_for(method))
+        for step in checkpoint_steps(CFG.train_for(method, size))
         for bench in curve_benchmarks()
     ]
 
