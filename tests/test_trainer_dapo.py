@@ -92,6 +92,55 @@ def test_pooled_dynamic_sampling_keeps_the_first_informative_groups(test_raw):
     assert seeds == rollouts.rollout_seeds(7, 3, [pool.prompts.index(p) for p in prompts])
 
 
+POOL_KINDS = ["wrong", "mixed", "right", "mixed", "right", "mixed", "wrong", "mixed", "mixed",
+              "right", "mixed", "wrong"]
+
+
+def _pooled_worker(out: str) -> None:
+    """collect() of one step on this rank, pooled over the process group: its groups' pool indices."""
+    torch.set_num_threads(1)
+    raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    cfg = dapo_config(raw, prompts_per_step=4, mini_batch_prompts=2, generation_batch_multiple=2)
+    dist = engine_glue.init_distributed(engine_glue.resolve_launch(cfg, "tiny-s"))
+    pool = pool_of(POOL_KINDS)
+    sampled = rollouts.Sampled()
+    roll, consumed = rollouts.collect(1, 0, cfg, 5, PoolSampler(pool), pool, dist, sampled)
+    mine = torch.tensor([p[0] for p in roll.prompt_ids[::4]])
+    every = dist.gather(mine)
+    if dist.rank == 0:
+        torch.save({"groups": [g.tolist() for g in every], "consumed": consumed,
+                    "batches": sampled.generation_batches}, out)
+    dist.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_pooled_dynamic_sampling_over_two_ranks_trains_what_one_rank_would(test_raw, tmp_path):
+    """Kept groups are counted over both ranks in stream order; the first prompts_per_step go to
+    the ranks that train their mini-batch slots (mini-batch k's slots split evenly), whichever rank
+    sampled them."""
+    code = "import sys; from tests.test_trainer_dapo import _pooled_worker; _pooled_worker(sys.argv[1])"
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "two.pt")], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        log, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, log[-3000:]
+    two = torch.load(tmp_path / "two.pt")
+    cfg = dapo_config(test_raw, prompts_per_step=4, mini_batch_prompts=2, generation_batch_multiple=2)
+    pool = pool_of(POOL_KINDS)
+    sampled = rollouts.Sampled()
+    roll, consumed = rollouts.collect(1, 0, cfg, 5, PoolSampler(pool), pool, CPU, sampled)
+    one = [p[0] for p in roll.prompt_ids[::4]]  # slots 0..3 on one rank
+    # two ranks: mini-batch k = slots 2k, 2k+1, one slot of each on each rank
+    assert two["groups"] == [[one[0], one[2]], [one[1], one[3]]]
+    assert (two["consumed"], two["batches"]) == (consumed, sampled.generation_batches)
+
+
 def test_pooled_dynamic_sampling_stops_the_run_when_the_budget_is_spent(test_raw):
     pool = pool_of(["right", "wrong", "right", "mixed"])
     cfg = dapo_config(test_raw, max_sampling_rounds=2, generation_batch_multiple=1)
