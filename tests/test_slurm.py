@@ -1,13 +1,17 @@
-"""The SLURM profile against a real single-node SLURM cluster on localhost.
+"""The SLURM profile against a real two-node SLURM cluster on localhost.
 
 The cluster fixture installs SLURM and munge from Debian packages when they are missing (root and
 apt-get needed; otherwise the tests are skipped and say why, or fail where ICT_RLVR_REQUIRE_SLURM=1
-as in CI), writes /etc/slurm/slurm.conf and gres.conf (jobs' inner `srun` reads only that path:
-the executor plugin drops SLURM_* variables, SLURM_CONF too), starts its own munged (own key and
-socket), slurmctld and slurmd, and stops exactly those pids afterwards, also when a test fails;
-config files that were there before are put back. The node has two fake GPUs (SLURM schedules
-them, CUDA sees none) and three partitions: the default one, and the two the tests name through
-the environment. Facts behind the settings: ../shared/notes/slurm.md.
+as in CI), writes /etc/slurm/slurm.conf and gres.conf (jobs' inner `srun` and `scontrol` read only
+that path: the executor plugin drops SLURM_* variables, SLURM_CONF too), starts its own munged (own
+key and socket), slurmctld and two slurmd (`slurmd -N n1`, `-N n2`: two nodes of one host, each on
+its own port, as Debian's SLURM is built with MULTIPLE_SLURMD), and stops exactly those pids
+afterwards, also when a test fails; config files that were there before are put back. Each node
+has two fake GPUs (SLURM schedules them, CUDA sees none); there are three partitions of both
+nodes: the default one, and the two the tests name through the environment. The whole test config
+runs through the cluster once (its single-node jobs land on either node); then one training job
+spans both nodes (mpi, srun, one torchrun agent per node) and is compared with the same world
+size run locally. Facts behind the settings: ../shared/notes/slurm.md.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ PACKAGES = ["slurm-wlm", "munge"]
 BINARIES = ["munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 GRES_CONF = SLURM_CONF.with_name("gres.conf")
-FAKE_GPUS = 2  # GPUs SLURM schedules on the node; none exist, so a job that asks for them sees 0
+FAKE_GPUS = 2  # GPUs SLURM schedules on each node; none exist, so a job that asks for them sees 0
+NODES = ("n1", "n2")  # two slurmd on this host
 LOCK = Path(tempfile.gettempdir()) / "ict-rlvr-slurm-test.lock"
 PARTITION = "ict"  # where the test sends CPU jobs; not the default partition
 GPU_PARTITION = "ict-gpu"
@@ -102,7 +107,7 @@ class LocalSlurm:
 
     def log_tails(self, lines: int = 30) -> str:
         out = []
-        for name in ("munged", "slurmctld", "slurmd"):
+        for name in ("munged", "slurmctld", *(f"slurmd-{n}" for n in NODES)):
             path = self.dir / f"{name}.log"
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
@@ -135,53 +140,64 @@ class LocalSlurm:
         self.write_conf()
         self.spawn("slurmctld", ["slurmctld", "-D", "-i"])
         self.wait_for(lambda: self.sinfo() is not None, "slurmctld")
-        self.spawn("slurmd", ["slurmd", "-D"])
-        self.wait_for(lambda: (self.sinfo() or "").startswith("idle"), "node idle")
+        for node in NODES:
+            self.spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+        self.wait_for(lambda: self.node_states() == dict.fromkeys(NODES, "idle"), "both nodes idle")
 
     def write_conf(self) -> None:
         d = self.dir
-        for sub in ("ctld", "spool"):
-            (d / sub).mkdir()
+        (d / "ctld").mkdir()
+        for node in NODES:
+            (d / f"spool-{node}").mkdir()
+        memory, cpus = node_memory_mb(), os.cpu_count()
+        # both nodes are this host (NodeHostname), each slurmd on its own port; %n is the node name
+        nodes = "\n".join(
+            f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={free_port()} "
+            f"CPUs={cpus} RealMemory={memory} Gres=gpu:{FAKE_GPUS} State=UNKNOWN" for node in NODES)
         conf = f"""\
-{CONF_HEADER} for a throw-away single-node cluster; removed afterwards
+{CONF_HEADER} for a throw-away two-node cluster on one host; removed afterwards
 ClusterName=ictrlvr
 SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d / 'ctld'}
-SlurmdSpoolDir={d / 'spool'}
+SlurmdSpoolDir={d / 'spool-%n'}
 SlurmctldPidFile={d / 'slurmctld.pid'}
-SlurmdPidFile={d / 'slurmd.pid'}
+SlurmdPidFile={d / 'slurmd-%n.pid'}
 SlurmctldLogFile={d / 'slurmctld.log'}
-SlurmdLogFile={d / 'slurmd.log'}
+SlurmdLogFile={d / 'slurmd-%n.log'}
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
+# no CPU binding: the two nodes share this host's CPUs
+TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1000
 ReturnToService=2
-# squeue status checks need finished jobs to stay visible (the plugin polls up to 180 s apart)
-MinJobAge=600
+# squeue status checks need finished jobs to stay visible (the plugin polls up to 180 s apart);
+# the tests read finished jobs with scontrol up to the end of the module
+MinJobAge=3600
 MpiDefault=none
 SwitchType=switch/none
 GresTypes=gpu
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={self.host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={node_memory_mb()} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
-PartitionName=other Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
-PartitionName={PARTITION} Nodes={self.host} MaxTime=INFINITE State=UP
-PartitionName={GPU_PARTITION} Nodes={self.host} MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=other Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName={PARTITION} Nodes={','.join(NODES)} MaxTime=INFINITE State=UP
+PartitionName={GPU_PARTITION} Nodes={','.join(NODES)} MaxTime=INFINITE State=UP
 """
         # Fake GPUs: SLURM only counts GPUs it has device files for; copies of /dev/null will do.
         # Jobs that ask for them get CUDA_VISIBLE_DEVICES, and CUDA still finds no GPU.
-        for i in range(FAKE_GPUS):
-            os.mknod(d / f"gpu{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
-        gres = f"{CONF_HEADER}\nNodeName={self.host} Name=gpu File={d}/gpu[0-{FAKE_GPUS - 1}]\n"
+        gres = CONF_HEADER + "\n"
+        for node in NODES:
+            (d / node).mkdir()
+            for i in range(FAKE_GPUS):
+                os.mknod(d / node / f"gpu{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+            gres += f"NodeName={node} Name=gpu File={d / node}/gpu[0-{FAKE_GPUS - 1}]\n"
         SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
         for path, text in ((SLURM_CONF, conf), (GRES_CONF, gres)):
             before = path.read_bytes() if path.exists() else None
@@ -198,6 +214,10 @@ PartitionName={GPU_PARTITION} Nodes={self.host} MaxTime=INFINITE State=UP
     def sinfo(self) -> str | None:
         proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
         return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def node_states(self) -> dict[str, str]:
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True)
+        return dict(line.split() for line in set(proc.stdout.splitlines())) if proc.returncode == 0 else {}
 
     def wait_for(self, ready, what: str, timeout: float = 60) -> None:
         end = time.monotonic() + timeout
@@ -217,7 +237,7 @@ PartitionName={GPU_PARTITION} Nodes={self.host} MaxTime=INFINITE State=UP
             jobs = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
             if jobs:
                 subprocess.run(["scancel", *jobs], capture_output=True)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(f"slurmd-{n}" for n in NODES), "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -313,20 +333,22 @@ def is_timing(name: str) -> bool:
     return name in TIME_COLUMNS or name.endswith("_seconds")
 
 
-def without_timings(obj):
-    """A JSON value without its wall-clock timings."""
+def without_timings(obj, also: tuple[str, ...] = ()):
+    """A JSON value without its wall-clock timings (and without the keys `also`)."""
     if isinstance(obj, dict):
-        return {k: without_timings(v) for k, v in obj.items() if not is_timing(k)}
+        return {k: without_timings(v, also) for k, v in obj.items() if not is_timing(k) and k not in also}
     if isinstance(obj, list):
-        return [without_timings(v) for v in obj]
+        return [without_timings(v, also) for v in obj]
     return obj
 
 
-def compare_results(local: Path, slurm: Path) -> list[str]:
+def compare_results(local: Path, slurm: Path, differ: tuple[str, ...] = ()) -> list[str]:
     """Asserts that every deterministic artifact is the same in both runs; returns their paths.
 
     Same seed, same threads (the rule's cpus), same code: on CPU every value is bit-identical,
-    but for wall-clock timings. Figures (PNG) are left out."""
+    but for wall-clock timings, and for the keys `differ` of JSON files and provenance (config
+    keys in which the two runs' configs differ, and so their config hashes). Figures (PNG) are
+    left out."""
     def files(*suffixes):
         found = sorted(p.relative_to(local) for p in local.rglob("*") if p.suffix in suffixes)
         assert found == sorted(p.relative_to(slurm) for p in slurm.rglob("*") if p.suffix in suffixes)
@@ -338,10 +360,11 @@ def compare_results(local: Path, slurm: Path) -> list[str]:
         a, b = (pl.read_parquet(root / rel) for root in (local, slurm))
         timings = [c for c in a.columns if is_timing(c)]
         assert_frame_equal(a.drop(timings), b.drop(timings), check_exact=True)
-        assert read_provenance(local / rel) == read_provenance(slurm / rel), rel
+        a, b = (without_timings(read_provenance(root / rel), differ) for root in (local, slurm))
+        assert a == b, rel
     for rel in summaries:
         a, b = (json.loads((root / rel).read_text()) for root in (local, slurm))
-        assert without_timings(a) == without_timings(b), rel
+        assert without_timings(a, differ) == without_timings(b, differ), rel
     for rel in exact:
         assert (local / rel).read_bytes() == (slurm / rel).read_bytes(), rel
     return [str(p) for p in parquet + summaries + exact]
@@ -359,7 +382,8 @@ def scontrol_jobs() -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory, request):
-    """The test config run through `--profile slurm`, and the session's local run beside it."""
+    """The test config run through `--profile slurm`, and the session's local run beside it; the
+    training jobs of `training_runs` start once the local run has made their inputs."""
     cfg = str(ROOT / "config" / "test.yaml")
     # the site's partition travels through the environment (common.smk); it is not the default one
     env = workflow_env(SBATCH_PARTITION=PARTITION, ICT_GPU_PARTITION=GPU_PARTITION)
@@ -377,20 +401,29 @@ def runs(slurm_cluster, tmp_path_factory, request):
         # The local reference run (the session's, started here if no test has needed it yet)
         # computes while the SLURM run mostly waits on the scheduler.
         local_wd, local = request.getfixturevalue("local_test_run")
+        # and so, from then on, do the training jobs of the tests at the end
+        training = (start_training_runs(local_wd, cfg, env, tmp_path_factory.mktemp("training"))
+                    if local.returncode == 0 else {})
         slurm.wait(timeout=RUN_TIMEOUT_S + 30)
-    slurm_out = log.read_text()
-    print(f"\nSLURM run and local run done after {time.monotonic() - started:.0f} s")
-    assert slurm.returncode == 0, (
-        f"SLURM run failed ({slurm.returncode}):\n{slurm_out[-5000:]}\n"
-        f"{job_logs(slurm_wd)}\n{slurm_cluster.log_tails()}"
-    )
-    local_out = local.stdout + local.stderr
-    assert local.returncode == 0, local_out[-4000:]
-    jobs = slurm_jobs(slurm_wd)
-    print("SLURM jobs:\n" + "\n".join(
-        f"  {jobid:>4} {rule} {wc}" for rule, wc, jobid in sorted(jobs, key=lambda j: int(j[2]))))
-    return {"cfg": cfg, "env": env, "slurm_wd": slurm_wd, "local_wd": local_wd, "jobs": jobs,
-            "expected": job_counts(local_out), "scontrol": scontrol_jobs()}
+    try:
+        slurm_out = log.read_text()
+        print(f"\nSLURM run and local run done after {time.monotonic() - started:.0f} s")
+        assert slurm.returncode == 0, (
+            f"SLURM run failed ({slurm.returncode}):\n{slurm_out[-5000:]}\n"
+            f"{job_logs(slurm_wd)}\n{slurm_cluster.log_tails()}"
+        )
+        local_out = local.stdout + local.stderr
+        assert local.returncode == 0, local_out[-4000:]
+        jobs = slurm_jobs(slurm_wd)
+        print("SLURM jobs:\n" + "\n".join(
+            f"  {jobid:>4} {rule} {wc}" for rule, wc, jobid in sorted(jobs, key=lambda j: int(j[2]))))
+        yield {"cfg": cfg, "env": env, "slurm_wd": slurm_wd, "local_wd": local_wd, "jobs": jobs,
+               "expected": job_counts(local_out), "scontrol": scontrol_jobs(), "training": training}
+    finally:
+        for run in training.get("runs", {}).values():  # stopped here if no test waited for them
+            if run["proc"].poll() is None:
+                run["proc"].terminate()
+                run["proc"].wait(timeout=30)
 
 
 @pytest.mark.slow
@@ -422,34 +455,149 @@ def test_second_run_has_nothing_to_do(runs):
         again.stderr[-3000:])
 
 
-@pytest.mark.slow
-def test_multi_gpu_training_is_one_task_that_stops_when_it_sees_too_few_gpus(runs, tmp_path):
-    # The node has 2 GPUs for SLURM but none for CUDA: the job is granted them, the launcher
-    # inside finds 0 usable and must stop before starting any worker.
-    raw = yaml.safe_load(Path(runs["cfg"]).read_text())
-    raw["models"]["tiny-s"]["gpus"] = {"train": FAKE_GPUS}
-    cfg = write_yaml(tmp_path / "two-gpus.yaml", raw)
+# ----- training jobs: several GPUs, several nodes -----------------------------------------------
+TRAINING_TIMEOUT_S = 400
+
+
+def start_training_runs(local_wd: Path, cfg_path: str, env: dict[str, str], base: Path) -> dict:
+    """tiny-s's training (the first method and seed) four more times, all started at once (they
+    mostly wait on the scheduler), each in a fresh folder with the local run's data and base model
+    (copied with their mtimes: with mtime triggers only, nothing before training reruns):
+
+    two_nodes: 2 CPU processes, one on each node, through `--profile slurm`;
+    local: the same 2 processes on one node, locally (`--cores 2`), to compare with two_nodes;
+    gpus: FAKE_GPUS GPUs on one node, which SLURM grants and CUDA cannot use: must fail;
+    gpus_two_nodes: FAKE_GPUS GPUs on each of the two nodes: must fail on each node.
+    """
+    raw = yaml.safe_load(Path(cfg_path).read_text())
     method, seed = raw["experiment"]["methods"][0], raw["experiment"]["seeds"][0]
     target = f"results/test/train/size=tiny-s/method={method}/seed={seed}/model.json"
-    wd = runs["slurm_wd"]
-    before = {jobid for _, _, jobid in slurm_jobs(wd)}
-    # mtime triggers only: the base model and data of the first run are reused as they are
-    proc = subprocess.run(
-        snakemake_cmd(wd, "--profile", str(ROOT / "slurm"), "--configfile", str(cfg), "--force",
-                      target, "--rerun-triggers", "mtime", "--retries", "0",
-                      "--slurm-keep-successful-logs", timeout=300, fast_polling=True),
-        cwd=wd, env=runs["env"], capture_output=True, text=True,
-    )
-    assert proc.returncode != 0, proc.stderr[-3000:]
-    new = [(rule, jobid) for rule, _, jobid in slurm_jobs(wd) if jobid not in before]
-    assert [rule for rule, _ in new] == ["train"], (new, proc.stderr[-3000:])
-    jobid = new[0][1]
-    job = scontrol_jobs()[jobid]
+    layouts = {
+        "two_nodes": {"train_processes": 2, "train_nodes": 2},
+        "local": {"train_processes": 2, "train_nodes": 1},
+        "gpus": {"gpus": {"train": FAKE_GPUS}},
+        "gpus_two_nodes": {"gpus": {"train": 2 * FAKE_GPUS}, "train_nodes": 2},
+    }
+    runs = {}
+    for name, layout in layouts.items():
+        cfg = json.loads(json.dumps(raw))
+        cfg["models"]["tiny-s"].update(layout)
+        # the test base model answers nothing right; DAPO's length penalty on responses longer than
+        # 8 tokens gives the groups rewards that differ, and so gradients to compare
+        cfg["train"]["overlong_buffer"] = cfg["train"]["max_response_tokens"] - 8
+        wd = base / name
+        for part in ("data", "models"):
+            shutil.copytree(local_wd / "results" / "test" / part, wd / "results" / "test" / part)
+        how = (["--cores", "2"] if name == "local" else
+               ["--profile", str(ROOT / "slurm"), "--retries", "0", "--slurm-keep-successful-logs", "--verbose"])
+        log = base / f"{name}.log"
+        with open(log, "w") as fh:
+            # the target first: --configfile and --rerun-triggers take several values
+            proc = subprocess.Popen(
+                snakemake_cmd(wd, target, *how, "--configfile", str(write_yaml(base / f"{name}.yaml", cfg)),
+                              "--rerun-triggers", "mtime", timeout=TRAINING_TIMEOUT_S,
+                              fast_polling=name != "local"),
+                cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        runs[name] = {"wd": wd, "log": log, "proc": proc}
+    return {"target": target, "runs": runs, "started": time.monotonic()}
+
+
+@pytest.fixture(scope="module")
+def training_runs(runs):
+    """The finished runs of start_training_runs: {name: {wd, out, returncode, and for the SLURM
+    ones jobid, scontrol, job_log, sbatch (the plugin's sbatch line)}, "target": the target}."""
+    training = runs["training"]
+    for run in training["runs"].values():
+        run["proc"].wait(timeout=TRAINING_TIMEOUT_S + 30)
+    print(f"\ntraining jobs (two nodes, local, GPUs on one and on two nodes) done "
+          f"{time.monotonic() - training['started']:.0f} s after they started")
+    known = scontrol_jobs()
+    out = {"target": training["target"]}
+    for name, run in training["runs"].items():
+        run = out[name] = {**run, "out": run["log"].read_text(), "returncode": run["proc"].returncode}
+        if name == "local":
+            continue
+        jobs = slurm_jobs(run["wd"])
+        assert [rule for rule, _, _ in jobs] == ["train"], (name, jobs, run["out"][-3000:])
+        run["jobid"] = jobid = jobs[0][2]
+        run["scontrol"] = known[jobid]
+        run["job_log"] = next(
+            (run["wd"] / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log")).read_text()
+        sbatch = re.search(r"sbatch call: (sbatch .*?) --wrap=", run["out"])
+        assert sbatch, run["out"][-3000:]
+        run["sbatch"] = sbatch[1]
+        print(f"{name}: {sbatch[1]}")
+    return out
+
+
+def succeeded(run: dict) -> None:
+    assert run["returncode"] == 0, f"failed ({run['returncode']}):\n{run['out'][-5000:]}\n{run.get('job_log', '')[-3000:]}"
+
+
+@pytest.mark.slow
+def test_multi_gpu_training_is_one_task_that_stops_when_it_sees_too_few_gpus(training_runs):
+    # The node has 2 GPUs for SLURM but none for CUDA: the job is granted them, the launcher
+    # inside finds 0 usable and must stop before starting any worker.
+    run = training_runs["gpus"]
+    assert run["returncode"] != 0, run["out"][-3000:]
+    job = run["scontrol"]
     assert (job["JobState"], job["Partition"], job["NumTasks"]) == ("FAILED", GPU_PARTITION, "1"), job
     assert job["TresPerJob"] == f"gres:gpu:{FAKE_GPUS}", job
-    log = next((wd / ".snakemake" / "slurm_logs" / "rule_train").glob(f"**/{jobid}.log")).read_text()
-    assert f"error: this job requested {FAKE_GPUS} GPU(s) but sees 0 (CUDA_VISIBLE_DEVICES='0,1'" in log
-    assert "stages.launch INFO launching" not in log  # it stopped before starting any worker
+    assert f"error: this job requested {FAKE_GPUS} GPU(s) but sees 0 (CUDA_VISIBLE_DEVICES='0,1'" in run["job_log"]
+    assert "stages.launch INFO launching" not in run["job_log"]  # it stopped before starting any worker
+
+
+@pytest.mark.slow
+def test_two_node_training_is_one_job_over_both_nodes_with_an_agent_on_each(training_runs):
+    run = training_runs["two_nodes"]
+    succeeded(run)
+    job, log = run["scontrol"], run["job_log"]
+    assert (job["JobState"], job["Partition"], job["NumNodes"], job["NumTasks"], job["NodeList"]) == (
+        "COMPLETED", PARTITION, "2", "2", "n[1-2]"), job
+    # the plugin's sbatch line: the nodes and one task on each, no GPU flags for a CPU job
+    assert " --nodes=2 --ntasks=2 --cpus-per-task=1 " in run["sbatch"] and "--g" not in run["sbatch"]
+    # stages.launch in the batch script: srun over both nodes; then one torchrun agent on each
+    assert re.search(rf"launching on 2 nodes of SLURM job {run['jobid']}: srun --nodes=2 --ntasks=2 "
+                     r"--ntasks-per-node=1 --cpus-per-task=1 --mem=0", log), log[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf"launching on node {rank} of 2, 1 CPU process\(es\): \S+ -m "
+                         rf"torch.distributed.run --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d "
+                         rf"--rdzv-endpoint=127.0.0.1:\d+ --rdzv-id=slurm-{run['jobid']} "
+                         rf"--rdzv-conf=is_host={int(rank == 0)}", log), log[-3000:]
+
+
+@pytest.mark.slow
+def test_two_node_training_equals_two_processes_on_one_node_locally(training_runs):
+    for name in ("two_nodes", "local"):
+        succeeded(training_runs[name])
+    # the configs differ in train_nodes only, and so do the config hashes of the training
+    train = Path("results/test/train")
+    slurm, local = (training_runs[name]["wd"] for name in ("two_nodes", "local"))
+    compared = compare_results(local / train, slurm / train, differ=("train_nodes", "config_hash"))
+    job = Path(training_runs["target"]).parent
+    assert {str(job.relative_to(train) / f) for f in (
+        "metrics.parquet", "summary.json", "final/model.safetensors")} <= set(compared), compared
+    assert json.loads((slurm / job / "summary.json").read_text())["world_size"] == 2
+    metrics = pl.read_parquet(slurm / job / "metrics.parquet")
+    assert (metrics["grad_norm"] > 0).any(), "no learning signal: the comparison would prove nothing"
+
+
+@pytest.mark.slow
+def test_two_node_gpu_job_asks_each_node_for_its_gpus_and_each_node_checks_them(training_runs):
+    # FAKE_GPUS per node as gres, one task per node; every node's launcher finds 0 usable GPUs
+    run = training_runs["gpus_two_nodes"]
+    assert run["returncode"] != 0, run["out"][-3000:]
+    assert " --nodes=2 --ntasks=2 --cpus-per-task=1 " in run["sbatch"], run["sbatch"]
+    assert run["sbatch"].endswith(f" --gres=gpu:{FAKE_GPUS}"), run["sbatch"]
+    assert "--gpus" not in run["sbatch"] and "--ntasks-per-gpu" not in run["sbatch"], run["sbatch"]
+    job, log = run["scontrol"], run["job_log"]
+    assert (job["JobState"], job["Partition"], job["NumNodes"]) == ("FAILED", GPU_PARTITION, "2"), job
+    assert job["TresPerNode"] == f"gres:gpu:{FAKE_GPUS}", job
+    # the step on each node sees the node's GPUs; srun stops the other node once one fails, so at
+    # least one says so
+    assert re.search(rf"error: node n[12] of this 2-node job needs {FAKE_GPUS} GPU\(s\) but sees 0 "
+                     rf"\(CUDA_VISIBLE_DEVICES='0,1'", log), log[-3000:]
+    assert "launching on node" not in log  # no node started torchrun
 
 
 # ----- the profile's requests, without a cluster -----------------------------------------------
@@ -484,8 +632,11 @@ def test_paper_dry_run_requests_each_sizes_gpus_and_the_sites_partition(tmp_path
     jobs = [j for j in dry_run_jobs(out) if j["rule"] != "all"]
     assert jobs
     seen = set()
+    # rules that ask for another rule's resources: the overlap of a trained model runs as a
+    # token-statistics job, a checkpoint's evaluation as an evaluation (overlap.smk, curves.smk)
+    borrowed = {"overlap": "token_stats", "evaluate_checkpoint": "evaluate"}
     for job in jobs:
-        rule, size = job["rule"], job.get("size")
+        rule, size = borrowed.get(job["rule"], job["rule"]), job.get("size")
         gpus = getattr(cfg.models[size].gpus, rule) if rule in Gpus.model_fields else 0
         want = cfg.resources.of(rule, size)
         assert int(job["gpu"]) == gpus, job
@@ -500,6 +651,49 @@ def test_paper_dry_run_requests_each_sizes_gpus_and_the_sites_partition(tmp_path
     train = {size: gpus for rule, size, gpus in seen if rule == "train"}
     assert train == {"qwen2.5-0.5b": 4, "qwen2.5-1.5b": 4, "qwen2.5-7b": 4}  # METHODS §8
     assert {rule for rule, _, _ in seen} >= {"prepare_data", "base_model", "evaluate", "tables"}
+
+
+def sbatch_line(job: dict[str, str]) -> str:
+    """The sbatch flags snakemake-executor-plugin-slurm builds from one dry-run job's resources
+    (its own get_submit_command and set_gres_string, on a stand-in for Snakemake's job object)."""
+    import types
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    res = Resources({k: int(v) if v.isdigit() else v for k, v in job.items() if k not in ("rule", "size")})
+    stand_in = types.SimpleNamespace(resources=res, threads=res["cpus_per_task"])
+    params = {"run_uuid": "u", "slurm_logfile": "x.log", "comment_str": "c", "account": "",
+              "partition": f"-p {res['slurm_partition']}", "workdir": ""}
+    return get_submit_command(stand_in, params) + set_gres_string(stand_in)
+
+
+def test_multi_node_training_asks_for_nodes_one_task_each_and_gres_per_node(tmp_path, test_raw):
+    # (the two-node CPU job's sbatch line: the cluster tests above, from the plugin's own log)
+    test_raw["models"]["tiny-s"].update(train_nodes=2, gpus={"train": 4})
+    cfg = write_yaml(tmp_path / "two-nodes.yaml", test_raw)
+    env = workflow_env(SBATCH_PARTITION="cpu-part", ICT_GPU_PARTITION="gpu-part")
+    proc = subprocess.run(
+        snakemake_cmd(tmp_path, "-n", "--profile", "slurm", "--configfile", str(cfg), timeout=300),
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = dry_run_jobs(proc.stdout + proc.stderr)
+    train = [j for j in jobs if j["rule"] == "train"]
+    others = [j for j in jobs if j["rule"] not in ("train", "all")]
+    assert train and others and all(j["nodes"] == "1" and "mpi" not in j for j in others), others
+    for job in train:
+        assert (job["nodes"], job["mpi"], job["tasks"]) == ("2", "srun", "2"), job
+        assert "gpu" not in job, job  # --gpus is a job total SLURM may split unevenly
+        line = sbatch_line(job)
+        assert " --nodes=2 --ntasks=2 --cpus-per-task=1" in line, line
+        assert "--gpus" not in line and "--ntasks-per-gpu" not in line, line
+        assert job["gres"] == "gpu:2" and line.endswith(" --gres=gpu:2"), line
+        assert " -p gpu-part " in line, line
+    print("\n" + sbatch_line(train[0]))
 
 
 # ----- the config's resources section -------------------------------------------------------------

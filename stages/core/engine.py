@@ -109,23 +109,36 @@ class Launch:
 
 
 def resolve_launch(cfg: Config, size: str) -> Launch:
-    """This process's rank and device; checks the GPUs the config asks for before anything runs."""
+    """This process's rank and device; checks the GPUs the config asks for before anything runs.
+
+    A GPU job runs one process per GPU over all its nodes (models.<size>.gpus.train in all,
+    train_gpus_per_node() on each); each process takes the GPU of its LOCAL_RANK on its node.
+    A CPU job runs on gloo with however many processes it was started as."""
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", rank))
-    gpus = cfg.models[size].gpus.train
+    model = cfg.models[size]
+    gpus = model.gpus.train
     if gpus == 0:
         return Launch(rank, world, local, torch.device("cpu"), "gloo")
+    per_node, nodes = model.train_gpus_per_node(), model.train_nodes
+    layout = f"{gpus} GPUs" if nodes == 1 else f"{gpus} GPUs, {per_node} on each of {nodes} nodes"
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible < gpus:
+    if visible < per_node:
         raise ConfigError(
-            f"models.{size}.gpus.train: {gpus} GPUs requested but {visible} visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+            f"models.{size}.gpus.train: {layout} requested but {visible} visible on "
+            f"{socket.gethostname()} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
         )
     if world != gpus:
         raise ConfigError(
-            f"models.{size}.gpus.train: {gpus} GPUs requested but started as {world} process(es);"
-            f" launch with torchrun --nproc_per_node {gpus}"
+            f"models.{size}.gpus.train: {layout} requested but started as {world} process(es); "
+            f"launch with python -m stages.launch --gpus {gpus} --nodes {nodes} (torchrun "
+            f"--nnodes {nodes} --nproc-per-node {per_node})"
+        )
+    if not 0 <= local < per_node:
+        raise ConfigError(
+            f"models.{size}.gpus_per_node: LOCAL_RANK {local} but {per_node} GPU(s) per node; "
+            f"launch with torchrun --nproc-per-node {per_node} on each of the {nodes} node(s)"
         )
     return Launch(rank, world, local, torch.device("cuda", local), "nccl")
 

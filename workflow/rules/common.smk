@@ -154,17 +154,46 @@ def job_threads(rule):
     return lambda wildcards: job_request(rule, wildcards).cpus
 
 
+def job_nodes(rule, wildcards):
+    """Nodes of one job: models.<size>.train_nodes for training; every other job runs on one."""
+    return CFG.models[wildcards.size].train_nodes if rule == "train" else 1
+
+
+def job_gpus_per_node(rule, wildcards):
+    """GPUs of one job on each of its nodes (the config checks that they add up)."""
+    return job_gpus(rule, wildcards) // job_nodes(rule, wildcards)
+
+
 def job_resources(rule):
     """`resources:` of a rule, used as `resources: **job_resources("train")`.
 
-    One task on one node per job: a multi-GPU job starts its workers itself (stages.launch)."""
+    One node: one task, and `gpu` (sbatch --gpus, the job's total); the job starts its workers
+    itself (stages.launch, torchrun). Several nodes (a size's train_nodes > 1), in the plugin's
+    terms for a job that starts its own tasks: `mpi` (the command then runs once in the batch
+    script, on the first node, and stages.launch runs `srun`), `nodes`, `tasks` = nodes (the
+    plugin refuses tasks_per_node = 1; N tasks on N nodes is one per node), and the GPUs of each
+    node as `gres` (--gres=gpu:<per node>): `gpu` is a job total that SLURM may split unevenly over
+    the nodes, and the plugin refuses both. `tasks_per_gpu: 0` keeps the plugin from turning
+    `tasks` into --ntasks-per-gpu. `cpus_per_task` and `mem_mb` are then per node: the CPUs and
+    memory of all of a node's workers. Resources that are None are left out of the job."""
+    def multi(wildcards):
+        return job_nodes(rule, wildcards) > 1
+
+    def gpus_per_node(wildcards):
+        return job_gpus_per_node(rule, wildcards)
+
     resources = {
         "cpus_per_task": job_threads(rule),
         "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
         # a resubmitted job (profile `retries`) gets more time: walltime kills are the usual failure
         "runtime": lambda wildcards, attempt: job_request(rule, wildcards).runtime * attempt,
-        "gpu": lambda wildcards: job_gpus(rule, wildcards),
-        "nodes": 1,
+        "gpu": lambda wildcards: None if multi(wildcards) else job_gpus(rule, wildcards),
+        "gres": lambda wildcards: f"gpu:{gpus_per_node(wildcards)}"
+        if multi(wildcards) and gpus_per_node(wildcards) else None,
+        "nodes": lambda wildcards: job_nodes(rule, wildcards),
+        "mpi": lambda wildcards: "srun" if multi(wildcards) else None,
+        "tasks": lambda wildcards: job_nodes(rule, wildcards) if multi(wildcards) else None,
+        "tasks_per_gpu": lambda wildcards: 0 if multi(wildcards) and gpus_per_node(wildcards) else None,
         "slurm_partition": lambda wildcards: job_partition(rule, wildcards),
     }
     resources.update({key: os.environ[var] for key, var in SITE_ENV.items() if os.environ.get(var)})

@@ -1,3 +1,6 @@
+from stages.train import config_keys as train_config_keys
+
+
 rule train:
     """Masked RLVR from one size's base model with one method and seed (DeepSpeed)."""
     input:
@@ -6,29 +9,35 @@ rule train:
     output:
         ref=f"{train_dir('{size}', '{method}', '{seed}')}/model.json",
         metrics=f"{train_dir('{size}', '{method}', '{seed}')}/metrics.parquet",
+        # the checkpoints saved every train.save_every steps, for the curves over steps
+        **({"checkpoints": directory(f"{train_dir('{size}', '{method}', '{seed}')}/checkpoints")}
+           if CURVES else {}),
     params:
         py=PY,
         config=CONFIG_FILE,
         gpus=lambda w: CFG.models[w.size].gpus.train,
+        nodes=lambda w: CFG.models[w.size].train_nodes,
+        # one worker per GPU, or the config's CPU processes (train_processes), on each node
+        procs=lambda w: CFG.models[w.size].train_processes_per_node(),
+        # torch threads of each worker: the node's CPUs (the job's threads) shared by its workers
+        worker_threads=lambda w, threads: max(1, threads // CFG.models[w.size].train_processes_per_node()),
         out_dir=lambda w: train_dir(w.size, w.method, w.seed),
         # resume checkpoints: not an output, so Snakemake never deletes them; the job removes
         # them once its outputs are written
         resume_dir=lambda w: f"{RESULTS}/resume/size={w.size}/method={w.method}/seed={w.seed}",
         # exactly what stages.train reads (stages.train.config_keys)
-        config_hash=lambda w: config_hash(
-            "train", f"methods/{w.method}", f"models/{w.size}", "seed", "token_stats/chunk_positions",
-            "token_stats/chunk_vocab", "evaluate/grade_timeout_s", "experiment/train_datasets",
-            *(f"datasets/{d}/max_response_tokens" for d in EXP.train_datasets),
-        ),
+        config_hash=lambda w: config_hash(*train_config_keys(CFG, w.size, w.method)),
     log:
         f"{RESULTS}/logs/train/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("train")
     resources:
         **job_resources("train"),
     shell:
-        # stages.launch checks the GPUs and starts one worker per GPU (torchrun) when gpus > 1
-        "{params.py} -m stages.launch --gpus {params.gpus} --"
+        # stages.launch checks each node's GPUs and starts the workers with torchrun: on this node,
+        # or (train_nodes > 1, in SLURM) one torchrun agent per node through srun
+        "{params.py} -m stages.launch --gpus {params.gpus} --nodes {params.nodes}"
+        " --procs-per-node {params.procs} --"
         " {params.py} -m stages.train --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --prompts {input.prompts} --out-dir {params.out_dir} --resume-dir {params.resume_dir}"
-        " --threads {threads} 2>&1 | tee {log}"
+        " --threads {params.worker_threads} 2>&1 | tee {log}"
