@@ -7,8 +7,8 @@
         [--resume-dir results/<run>/resume/size=S/method=M/seed=K] [--threads N]
 
 Several processes (one per GPU, or CPU processes with gloo): put
-`torchrun --standalone --nproc_per_node N -m stages.train` (or the `deepspeed` launcher) in
-front of the same arguments; `models.S.gpus.train` says how many GPUs the job must see.
+`python -m stages.launch --gpus G [--nodes N] [--procs-per-node P] --` (torchrun) in front of
+`python -m` and the same arguments; `models.S.gpus.train` says how many GPUs the job must see.
 
 The loop of one rollout step, each part in its own module:
 
@@ -23,11 +23,18 @@ The loop of one rollout step, each part in its own module:
    pass's scores; later ones select on them too unless `methods.<m>.rescore` asks for the
    current policy's (a rescoring pass, only for selectors that need statistics);
 4. stages.core.engine / samplers: DeepSpeed reduces float32 gradients across ranks, clips and
-   steps; the sampler picks up the new weights (vLLM: woken, weights loaded).
+   steps; the sampler picks up the new weights (vLLM: woken, weights loaded group by group).
 
 The module is in train mode (dropout must be 0, checked), so `train.gradient_checkpointing` can
 recompute the trunk's activations; the same config gives the same metrics.
-DeepSpeed runs ZeRO stage 0, 1 or 2 (`train.zero_stage`; 3 is refused, see check_layout).
+DeepSpeed runs ZeRO stage 0-3 (`train.zero_stage`) around one module, stages.core.policy.Policy
+(trunk and head). Under ZeRO-3 every parameter is a shard, gathered collectively in every
+forward, so every rank runs equally many forwards on every path (generation with synced_gpus and
+equally many generate() calls; scoring, the actor and the reference padded to the most
+micro-batches of any rank); the reference model is partitioned too (when KL is on); the vLLM
+engine receives the weights one gathered group at a time; `final/` and the checkpoints are
+gathered from the shards the same way (`train.offload_params` / `offload_optimizer`: DeepSpeed's
+CPU offload).
 Outputs in --out-dir: `final/` (Hugging Face layout, tokenizer, resolved config), `metrics.parquet`
 (one row per step), `summary.json`, and `model.json` last ({"kind": "scratch", "path": "final"}).
 Every `checkpoint_every` steps the DeepSpeed state goes to --resume-dir, a folder Snakemake does
@@ -53,7 +60,14 @@ from . import cli
 from .base_model import RESOLVED_CONFIG
 from .config import Config, ConfigError, Method, Train
 from .core.actor import Update, actor_step
-from .core.engine import Dist, build_engine, free_port, init_distributed, resolve_launch
+from .core.engine import (
+    Dist,
+    build_engine,
+    build_reference,
+    free_port,
+    init_distributed,
+    resolve_launch,
+)
 from .core.io import (
     ArtifactError,
     atomic_dir,
@@ -62,6 +76,7 @@ from .core.io import (
     write_json,
     write_parquet,
 )
+from .core.policy import full_state_dict
 from .core.problems import PROBLEM_SCHEMA
 from .core.rollouts import PromptPool, Rollouts, Sampled, collect, seed_of, split_minibatches
 from .core.scorer import Chunks, score_scope
@@ -69,7 +84,7 @@ from .core.selectors import STATISTICS
 
 __all__ = ["free_port", "main"]
 
-STAGE_VERSION = "2"
+STAGE_VERSION = "3"  # 3: the engine holds a Policy (resume states of 2 do not load)
 STATE_FILE = "state.json"
 
 METRICS_SCHEMA = pa.schema(
@@ -183,10 +198,12 @@ def sampling_pass(model, minibatches: list[Rollouts], needs: frozenset[str], cfg
 def rescore(model, mb: Rollouts, needs: frozenset[str], cfg: Config, pad_id: int,
             dist: Dist) -> dict[str, torch.Tensor]:
     t, ts = cfg.train, cfg.token_stats
+    several = dist.world > 1
     return score_scope(model, mb.scope(), pad_id, t.temperature, needs, device=dist.device,
                        max_sequences=t.micro_batch_size, max_tokens=t.micro_batch_tokens,
                        chunks=Chunks(ts.chunk_positions, ts.chunk_vocab),
-                       all_reduce=dist.sum if dist.world > 1 else None)
+                       all_reduce=dist.sum if several else None,
+                       rank_max=dist.max if several else None)
 
 
 def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, dist: Dist,
@@ -238,7 +255,8 @@ def fingerprint(cfg: Config, args) -> str:
     for name, path in [("model", args.model)] + [(f"prompts{i}", p) for i, p in enumerate(args.prompts)]:
         st = Path(path).stat()
         inputs[name] = [st.st_size, st.st_mtime_ns]
-    blob = json.dumps({"config": cfg.section_hash(*config_keys(cfg, args.size, args.method)),
+    blob = json.dumps({"stage_version": STAGE_VERSION,
+                       "config": cfg.section_hash(*config_keys(cfg, args.size, args.method)),
                        "job": [args.size, args.method, args.seed], "inputs": inputs},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -299,11 +317,6 @@ def check_args(args, cfg: Config) -> Method:
 
 def check_layout(cfg: Config, method: Method, method_name: str, world: int) -> None:
     t = cfg.train
-    if t.zero_stage == 3:
-        # ZeRO-3 gathers parameters in the hooks of the root module's forward; the selective head
-        # calls the trunk and the head separately (and they share the tied embedding), which
-        # ZeRO-3 does not reduce correctly: checked, the update differs from ZeRO 0-2's
-        raise ConfigError("train.zero_stage: 3 is not supported by the trainer; use 0, 1 or 2")
     if t.mini_batch_prompts % world:
         raise ConfigError(f"train.mini_batch_prompts: {t.mini_batch_prompts} does not split over "
                           f"{world} processes")
@@ -311,7 +324,7 @@ def check_layout(cfg: Config, method: Method, method_name: str, world: int) -> N
 
 def main(args, cfg: Config) -> None:
     method = check_args(args, cfg)
-    cfg = cfg.for_method(args.method)  # methods.<m>.train applied
+    cfg = cfg.for_method(args.method, args.size)  # models.<size>.train, methods.<m>.train applied
     tcfg = cfg.train
     out_dir = Path(args.out_dir)
     resume_dir = Path(args.resume_dir) if args.resume_dir else out_dir.parent / f".{out_dir.name}.resume"
@@ -331,8 +344,6 @@ def main(args, cfg: Config) -> None:
     ref_model = None
     if tcfg.loss.kl_beta > 0:
         ref_model, _ = load_model_and_tokenizer(args.model, dtype=dtype, device=str(launch.device))
-        ref_model.requires_grad_(False)
-        ref_model.eval()
     pool = prompt_pool(cfg, args.prompts)
     sizes = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pool.prompts]
     longest = max(sizes)
@@ -351,6 +362,10 @@ def main(args, cfg: Config) -> None:
     dist = init_distributed(launch)
     engine = build_engine(model, tcfg, dist.world)
     engine.train()
+    policy = engine.module  # the Policy: trunk and head of the causal LM
+    if ref_model is not None:
+        ref_model = build_reference(ref_model, tcfg)
+    zero3 = tcfg.zero_stage == 3
     start, consumed, rows = 0, 0, []
     if state is not None:
         path, _ = engine.load_checkpoint(str(resume_dir), tag=state["tag"], load_optimizer_states=True,
@@ -362,13 +377,15 @@ def main(args, cfg: Config) -> None:
                      args.seed, start, resume_dir)
     if tcfg.backend == "vllm":
         sampler = VllmPolicySampler(
-            args.model, engine.module, tokenizer, world_size=dist.world, seed=run_seed,
+            args.model, policy.lm, tokenizer, world_size=dist.world, seed=run_seed,
             gpu_memory_utilization=tcfg.vllm_gpu_memory_utilization,
             max_model_len=longest + max(pool.limits),
             dtype="bfloat16" if tcfg.dtype == "bfloat16" else "float32",
-            batch_invariant=tcfg.batch_invariant)
-    else:
-        sampler = HfPolicySampler(engine.module, tokenizer, tcfg.generation_batch_size)
+            batch_invariant=tcfg.batch_invariant,
+            tensor_parallel_size=cfg.models[args.size].train_tensor_parallel_size)
+    else:  # generate() of the engine's own module; under ZeRO-3 ranks generate in step
+        sampler = HfPolicySampler(policy.lm, tokenizer, tcfg.generation_batch_size,
+                                  dist=dist if zero3 and dist.world > 1 else None)
 
     peak_lr = cfg.models[args.size].lr
     began = time.perf_counter()
@@ -388,7 +405,7 @@ def main(args, cfg: Config) -> None:
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", H=f"{row['entropy_mean']:.3f}")
         done = step + 1
         if tcfg.save_every and done % tcfg.save_every == 0 and done < tcfg.steps:
-            save_model(engine.module, tokenizer, cfg, args, out_dir / checkpoint_name(done), dist)
+            save_model(policy, tokenizer, cfg, args, out_dir / checkpoint_name(done), dist)
         if done % tcfg.checkpoint_every == 0 and done < tcfg.steps:
             save_state(engine, resume_dir, {"fingerprint": expected, "world_size": dist.world,
                                             "step": done, "consumed": consumed, "metrics": rows},
@@ -417,11 +434,12 @@ def checkpoint_steps(tcfg: Train) -> list[int]:
     return list(range(tcfg.save_every, tcfg.steps, tcfg.save_every))
 
 
-def save_model(model, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -> None:
+def save_model(policy, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -> None:
     """A Hugging Face copy of the policy (rank 0) with a model.json pointing at it, for evaluation."""
+    state = full_state_dict(policy.lm, keep=dist.rank == 0)  # every rank: gathered under ZeRO-3
     if dist.rank == 0:
         with atomic_dir(folder) as tmp:
-            model.save_pretrained(tmp / "model")
+            policy.lm.save_pretrained(tmp / "model", state_dict=state)
             tokenizer.save_pretrained(tmp / "model")
             write_json(tmp / "model.json", {"kind": "scratch", "path": "model"})
     dist.barrier()
@@ -476,8 +494,10 @@ def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Upda
 
 def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path, resume_dir: Path,
            dist: Dist, seconds: float, start: int) -> None:
-    """Write final/, metrics.parquet, summary.json and (last) model.json; drop the resume state."""
-    model = engine.module
+    """Write final/ (the full weights, gathered from the shards under ZeRO-3), metrics.parquet,
+    summary.json and (last) model.json; drop the resume state."""
+    lm = engine.module.lm
+    state = full_state_dict(lm, keep=dist.rank == 0)
     prov = provenance("train", STAGE_VERSION, cfg.section_hash(*config_keys(cfg, args.size, args.method)),
                       cfg.seed, size=args.size, method=args.method, run_seed=args.seed,
                       world_size=dist.world)
@@ -490,7 +510,7 @@ def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path
     }
     if dist.rank == 0:
         with atomic_dir(out_dir / "final") as tmp:
-            model.save_pretrained(tmp)
+            lm.save_pretrained(tmp, state_dict=state)
             tokenizer.save_pretrained(tmp)
             write_json(tmp / RESOLVED_CONFIG, {"config": cfg.model_dump(mode="json"),
                                                "method": args.method, "provenance": prov,

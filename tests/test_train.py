@@ -298,7 +298,7 @@ def _update_worker(out: str) -> None:
         roll.stats["logprob"] = roll.stats["logprob"] + noise[starts[mine.start] : starts[mine.stop]]
         gen = torch.Generator().manual_seed(5)
         u = actor_step(engine, roll, case, cfg, dist, gen, PAD, stats=roll.stats, on_policy=False)
-        after = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+        after = {k: v.detach().clone() for k, v in engine.module.lm.state_dict().items()}
         results.append({"loss": u.loss, "grad_norm": u.grad_norm, "mask": u.mask,
                         "clipped": u.n_clipped, "params": after, "initial": initial})
     if dist.rank == 0:

@@ -23,6 +23,7 @@ from stages.core.actor import actor_step, micro_loss, truncated_importance_weigh
 from stages.core.generation import Sample
 from stages.core.losses import clipped_surrogate, overlong_penalty
 from stages.core.modeling import build_scratch_model
+from stages.core.policy import Policy
 from stages.core.scorer import micro_batches
 from stages.core.scoring import pack
 from stages.core.selectors import valid_grid
@@ -302,7 +303,10 @@ class PlainEngine:
     """The actor's view of an engine, without DeepSpeed: backward accumulates, step keeps grads."""
 
     def __init__(self, module):
-        self.module = module
+        self.module = Policy(module)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
 
     def set_gradient_accumulation_boundary(self, flag):
         pass

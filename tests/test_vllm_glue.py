@@ -2,8 +2,10 @@
 
 What is checked is ours: the engine is built from the model reference, prompts go in as token
 ids, completions come back as the `hf` backend's Sample rows in (prompt, sample) order with
-their finish reasons, and the trainer's sampler loads the policy's weights into the engine and
-drops its prefix cache. Whether vLLM samples correctly is vLLM's business (and the GPU test's).
+their finish reasons, and the trainer's sampler loads the policy's weights into the engine (the
+whole state dict once per update) and drops its prefix cache. Engine groups of several ranks
+(tensor parallelism) and the weights gathered from ZeRO-3 shards: tests/test_zero3.py, with this
+stand-in in two processes. Whether vLLM samples correctly is vLLM's business (and the GPU test's).
 """
 
 from __future__ import annotations
@@ -243,3 +245,30 @@ def test_a_tied_head_lost_in_sleep_is_caught(tmp_path, fake_vllm):
         policy.weight += 1.0
     with pytest.raises(RuntimeError, match="LM head differs"):
         sampler.sync()
+
+
+def test_policy_sampler_hands_the_whole_state_dict_once_per_update(tmp_path, fake_vllm):
+    """A causal LM with a tied head: every name of its state dict (the head under both of its
+    names, as vLLM's loader expects them) exactly once when built and once per sync."""
+    from stages.core.modeling import build_scratch_model
+    from tests.conftest import TINY_ARCH
+
+    lm = build_scratch_model(TINY_ARCH, 259, 256, seed=0)
+    sampler, _ = policy_sampler(tmp_path, policy=lm)
+    (llm,) = fake_vllm.built
+    names = list(lm.state_dict())
+    assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
+    assert sorted(llm.loaded) == sorted(names)
+    sampler.sample(["x"], n=1, temperature=1.0, top_p=1.0, max_new_tokens=4, prompt_seeds=[1])
+    sampler.sync()
+    assert sorted(llm.loaded) == sorted(names * 2) and llm.events.count("load") == 2
+
+
+def test_engine_groups_must_divide_the_ranks(tmp_path, fake_vllm):
+    from stages.core.samplers import VllmPolicySampler
+
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the 3 ranks"):
+        VllmPolicySampler(tmp_path / "base.json", HeadPolicy(2, 3), FakeTokenizer(), world_size=3,
+                          seed=0, gpu_memory_utilization=0.3, max_model_len=64, dtype="float32",
+                          tensor_parallel_size=2)
+    assert fake_vllm.built == []

@@ -7,15 +7,18 @@
 2. Loss weights follow `loss.denominator` over the whole mini-batch (stages.core.losses).
 3. Per micro-batch (at most `micro_batch_size` sequences within `micro_batch_tokens`): the trunk
    runs with gradient (optionally checkpointed), the hidden states of the *selected* positions
-   go through the chunked head (scorer.head_logprob), and :func:`micro_loss` gives the term to
-   back-propagate. On-policy (the first update after sampling) the old log-prob is the current
-   one detached, so the ratio is exactly 1; the reference log-prob is computed by the same
-   function on the same rows, so the k3 KL is exactly 0 while the policy equals the reference.
+   go through the chunked head (scorer.head_logprob, inside the Policy's forward, where ZeRO-3
+   has gathered the head), and :func:`micro_loss` gives the term to back-propagate. On-policy
+   (the first update after sampling) the old log-prob is the current one detached, so the ratio
+   is exactly 1; the reference log-prob is computed by the same function on the same rows, so
+   the k3 KL is exactly 0 while the policy equals the reference.
    With `train.tis_cap` the policy-gradient term of each token is weighted by truncated
    importance sampling against the sampler (METHODS; verl's and TRL's TIS).
-4. Every rank runs the same number of forward/backward calls: ranks whose token budget gives
-   fewer micro-batches add empty ones (a forward whose selection is empty: exactly zero
-   gradient), since ZeRO-2 reduces gradients on every backward and would otherwise wait forever.
+4. Every rank runs the same number of forward/backward calls, of the policy and of the
+   reference: ranks whose token budget gives fewer micro-batches add empty ones (a forward of a
+   one-token stand-in whose selection is empty: exactly zero gradient), since ZeRO-3 gathers
+   parameters in every forward and ZeRO-2 reduces gradients on every backward, and a rank left
+   waiting in either waits forever.
 5. DeepSpeed reduces the gradients (float32) across ranks, clips them and steps AdamW.
 
 `methods.<m>.selection_scope: microbatch` replaces 1-2 by the released 80/20 code's scope: each
@@ -35,8 +38,9 @@ from torch import Tensor
 from ..config import Config, Loss, Method
 from .engine import Dist
 from .losses import clipped_surrogate, k3_kl, loss_weights
+from .policy import as_policy
 from .rollouts import Rollouts
-from .scorer import Chunks, head_logprob, micro_batches, response_rows, trunk_hidden
+from .scorer import Chunks, forward_plan, head_logprob, micro_batches, response_rows, trunk_hidden
 from .selectors import STATISTICS, SelectionInput, grid, select_tokens, valid_grid
 from .stats import chunked_token_statistics
 
@@ -165,54 +169,76 @@ def _micro_scope_select(method: Method, hidden_rows: Tensor, ids: Tensor, length
     return mask[valid], {k: v.float().cpu() for k, v in stats.items()}
 
 
+def _selected_logprob(head, rows: Tensor, tokens: Tensor, *, pick: Tensor | None, method: Method,
+                      lengths: list[int], advantages: Tensor, temperature: float, chunks: Chunks,
+                      generator: torch.Generator) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The head's part of one micro-batch, run inside the Policy's forward: the micro-batch
+    scope's selection when `pick` is None (rows and tokens: all of the micro-batch's response
+    tokens), then log p (n_sel,) of the picked rows with gradient. Returns (log p, pick, the
+    micro-batch scope's statistics or {})."""
+    mstats: dict[str, Tensor] = {}
+    if pick is None:
+        chosen, mstats = _micro_scope_select(method, rows, tokens, lengths, advantages, head,
+                                             temperature, chunks, generator)
+        pick = chosen.nonzero().squeeze(1).to(rows.device)
+    logp = head_logprob(head, rows[pick], tokens[pick], temperature, chunks)
+    return logp, pick, mstats
+
+
 def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
                generator: torch.Generator, pad_id: int, *, stats: dict[str, Tensor],
                on_policy: bool, dense: bool = False, ref_model=None) -> Update:
     """One optimizer step on a mini-batch (this rank's part in `mb`).
 
     stats: per-token scores of mb's tokens (flat (N,)) for the selector; mb.stats: the sampling
-    policy's (old log-probs when not on-policy); mb.sampler_logprobs: the sampler's own."""
+    policy's (old log-probs when not on-policy); mb.sampler_logprobs: the sampler's own.
+    engine.module and ref_model: Policies; each forward call runs the trunk, then the head inside
+    the Policy's forward (gathered there under ZeRO-3), the policy's through the engine."""
     tcfg, loss_cfg = cfg.train, cfg.train.loss
-    model, device, temp = engine.module, dist.device, tcfg.temperature
+    model, device, temp = as_policy(engine.module), dist.device, tcfg.temperature
+    ref = None if ref_model is None else as_policy(ref_model)
     chunks = Chunks(cfg.token_stats.chunk_positions, cfg.token_stats.chunk_vocab)
-    head = model.get_output_embeddings()
     micro_scope = method.selection_scope == "microbatch" and not dense
     sel = None if micro_scope else select(method, mb, stats, dist, generator, loss_cfg.denominator, dense)
     ids = mb.token_ids()  # (N,)
     adv_tok = mb.advantages.float().repeat_interleave(torch.tensor(mb.lengths, dtype=torch.long))
     starts = torch.tensor([0] + mb.lengths).cumsum(0).tolist()
     totals = [len(p) + len(r) for p, r in zip(mb.prompt_ids, mb.response_ids, strict=True)]
-    micro = micro_batches(totals, tcfg.micro_batch_size, tcfg.micro_batch_tokens)
-    calls = dist.max(len(micro))  # every rank backward()s equally often (ZeRO-2 reduces in each)
+    plan = forward_plan(micro_batches(totals, tcfg.micro_batch_size, tcfg.micro_batch_tokens),
+                        dist.max if dist.world > 1 else None)
     if tcfg.tis_cap is not None and mb.sampler_logprobs is None:
         raise ValueError("train.tis_cap: the sampler gave no log-probs of its tokens")
     total, clipped_n, kl_sum, truncated = 0.0, 0, 0.0, 0
     picked_local = torch.zeros(len(ids), dtype=torch.bool)
     micro_stats: dict[str, list[Tensor]] = {"entropy": [], "renyi2": []}
-    for j in range(calls):
-        engine.set_gradient_accumulation_boundary(j == calls - 1)
-        padding = j >= len(micro)
-        m = micro[0] if padding else micro[j]  # a padding call re-runs a micro-batch, selecting nothing
-        prompts = [mb.prompt_ids[i] for i in m]
-        responses = [mb.response_ids[i] for i in m]
-        a, b = starts[m.start], starts[m.stop]
+    for j, m in enumerate(plan):
+        engine.set_gradient_accumulation_boundary(j == len(plan) - 1)
+        padding = m is None  # a forward of trunk_hidden's stand-in, selecting nothing: zero gradient
+        seqs = [] if padding else list(m)
+        prompts = [mb.prompt_ids[i] for i in seqs]
+        responses = [mb.response_ids[i] for i in seqs]
+        a, b = (0, 0) if padding else (starts[m.start], starts[m.stop])
+        advantages = mb.advantages[:0] if padding else mb.advantages[m.start:m.stop]
         hidden, flat = trunk_hidden(model, prompts, responses, pad_id, device)
+        rows = response_rows(hidden, flat)  # (n, D) every response token of the micro-batch
+        tokens = ids[a:b].to(device)
         if padding:
-            pick = torch.zeros(0, dtype=torch.long)
+            pick = torch.zeros(0, dtype=torch.long, device=device)
         elif micro_scope:
-            rows = response_rows(hidden, flat)
-            chosen, mstats = _micro_scope_select(method, rows, ids[a:b].to(device),
-                                                 [len(r) for r in responses], mb.advantages[m.start:m.stop],
-                                                 head, temp, chunks, generator)
-            pick = chosen.nonzero().squeeze(1)
-            for key in micro_stats:
-                micro_stats[key].append(mstats[key])
+            pick = None  # chosen inside the head call, from this very forward's hidden states
         else:
-            pick = sel.selected[a:b].nonzero().squeeze(1)  # (n_sel,) within the micro-batch
+            pick = sel.selected[a:b].nonzero().squeeze(1).to(device)  # (n_sel,) within the micro-batch
+        # through the engine: DeepSpeed counts micro-batches in its forward (ZeRO-3 accumulates
+        # a micro-batch's gradients onto the previous ones only when one ran in between)
+        logp, pick, mstats = engine(rows, tokens, fn=_selected_logprob, pick=pick, method=method,
+                                    lengths=[len(r) for r in responses], advantages=advantages,
+                                    temperature=temp, chunks=chunks, generator=generator)
+        pick = pick.cpu()
+        for key in mstats.keys() & micro_stats.keys():
+            micro_stats[key].append(mstats[key])
         if not padding:
             picked_local[a:b][pick] = True
-        tokens = ids[a:b][pick].to(device)
-        logp = head_logprob(head, response_rows(hidden, flat, pick), tokens, temp, chunks)
+        tokens = tokens[pick.to(device)]
         old = logp.detach() if on_policy else mb.stats["logprob"][a:b][pick].to(device, logp.dtype)
         if micro_scope and not padding:  # its own selected tokens, scaled by its share of the rank's sequences
             n_pick = max(int(pick.numel()), 1)
@@ -222,24 +248,24 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
             weights = torch.zeros(0, dtype=torch.float64)
         else:
             weights = sel.weights[a:b][pick]
-        ref = None
+        ref_logp = None
         if loss_cfg.kl_beta > 0:
             with torch.no_grad():
-                rh, rf = trunk_hidden(ref_model, prompts, responses, pad_id, device)
-                ref = head_logprob(ref_model.get_output_embeddings(), response_rows(rh, rf, pick),
-                                   tokens, temp, chunks)
+                rh, rf = trunk_hidden(ref, prompts, responses, pad_id, device)
+                ref_logp = ref(response_rows(rh, rf, pick), tokens, fn=head_logprob,
+                               temperature=temp, chunks=chunks)
         tis = {}
         if tcfg.tis_cap is not None:
             tis = {"sampling": mb.stats["logprob"][a:b][pick].to(device),
                    "sampler": mb.sampler_logprobs[a:b][pick].to(device), "tis_cap": tcfg.tis_cap}
         term, value, clipped, kl, cut = micro_loss(logp, old, adv_tok[a:b][pick].to(device),
-                                                   weights.to(device), loss_cfg, dist.world, ref, **tis)
+                                                   weights.to(device), loss_cfg, dist.world, ref_logp, **tis)
         engine.backward(term)
         total += value
         clipped_n += clipped
         kl_sum += kl
         truncated += cut
-        del hidden, logp, term
+        del hidden, rows, logp, term
     grad_norm = None
     if tcfg.zero_stage == 0:  # ZeRO-0 keeps reduced full gradients on every rank
         grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
@@ -263,4 +289,4 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
     return Update(loss=float(sums[0]), grad_norm=grad_norm, n_valid=int(valid.sum()),
                   n_selected=int(mask.sum()), n_clipped=int(sums[1]), kl_sum=float(sums[2]),
                   entropy_selected_sum=h_sel, renyi2_selected_sum=h2_sel, mask=mask,
-                  n_truncated=int(sums[3]), micro_batches=calls)
+                  n_truncated=int(sums[3]), micro_batches=len(plan))

@@ -2,8 +2,10 @@
 
 :class:`Dist` is the data-parallel group (every collective is the identity for one process);
 :func:`resolve_launch` reads the launcher's environment and checks the GPUs the config asks for;
-:func:`build_engine` wraps the policy in DeepSpeed with a client torch AdamW. The vLLM engine that
-shares the GPU with training (weight sync, sleep and wake) is in stages.core.samplers.
+:func:`build_engine` wraps the policy (stages.core.policy.Policy: trunk and head in one module) in
+DeepSpeed with a client torch AdamW, ZeRO 0-3, and :func:`build_reference` partitions the frozen
+reference under ZeRO-3. The vLLM engine that shares the GPU with training (weight sync, sleep
+and wake) is in stages.core.samplers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..config import Config, ConfigError, Train
+from .policy import as_policy
 
 
 class Dist:
@@ -166,23 +169,65 @@ def init_distributed(launch: Launch) -> Dist:
 
 
 def build_engine(model, tcfg: Train, world: int):
-    """DeepSpeed around the policy with a client torch AdamW (DeepSpeed's own would JIT-compile)."""
+    """DeepSpeed around the policy (a Policy: the causal LM's trunk and head in one module) with a
+    client torch AdamW (DeepSpeed's own would JIT-compile). Under ZeRO-3 the head's parameters
+    are registered as external parameters of the Policy, which is where the scorer reads them."""
     import deepspeed
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(tcfg))
+    policy = as_policy(model)
+    if tcfg.zero_stage == 3:
+        policy.register_head()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+    engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config(tcfg))
     return engine
+
+
+def build_reference(model, tcfg: Train):
+    """The frozen reference policy (a Policy): under ZeRO-3 partitioned like the policy, by a
+    DeepSpeed engine without an optimizer (as TRL prepares its reference), whose forwards gather
+    collectively too; otherwise the model itself, whole on every rank."""
+    policy = as_policy(model)
+    policy.requires_grad_(False)
+    policy.eval()
+    if tcfg.zero_stage != 3:
+        return policy
+    import deepspeed
+
+    policy.register_head()
+    config = ds_config(tcfg)
+    config["zero_optimization"].pop("offload_optimizer", None)
+    config.pop("zero_force_ds_cpu_optimizer", None)
+    engine, *_ = deepspeed.initialize(model=policy, config=config)
+    engine.eval()
+    return engine.module
 
 
 def ds_config(tcfg: Train) -> dict:
     """DeepSpeed's settings: one optimizer step per mini-batch (the trainer marks the boundary),
     gradients accumulated and all-reduced in float32 even when the model is bf16 (DeepSpeed's
-    default would reduce them in the model's dtype, losing the small per-token terms)."""
-    return {
+    default would reduce them in the model's dtype, losing the small per-token terms).
+
+    ZeRO-3 partitions every parameter, however small (DeepSpeed would keep those under 1e5
+    elements whole on every rank), so the memory of a rank is what the plan says and the tiny
+    models of the tests are partitioned as the large ones are, and keeps torch's own linear, so
+    its forwards are the same computation as ZeRO-2's. Offloading (train.offload_params,
+    ZeRO-3; train.offload_optimizer) keeps them in CPU memory; the client AdamW then steps on the
+    CPU (zero_force_ds_cpu_optimizer off: DeepSpeed would refuse a client optimizer there)."""
+    zero: dict = {"stage": tcfg.zero_stage}
+    if tcfg.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+        # DeepSpeed would replace torch.nn.functional.linear for the whole process by its own
+        # (other bf16 rounding: ZeRO-3's forwards would differ from ZeRO-2's and the bare model's)
+        zero["memory_efficient_linear"] = False
+    if tcfg.offload_params:
+        zero["offload_param"] = {"device": "cpu"}
+    if tcfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    config = {
         "train_micro_batch_size_per_gpu": tcfg.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": tcfg.grad_clip,
-        "zero_optimization": {"stage": tcfg.zero_stage},
+        "zero_optimization": zero,
         "bf16": {"enabled": tcfg.dtype == "bfloat16"},
         "data_types": {"grad_accum_dtype": "fp32"},
         "communication_data_type": "fp32",
@@ -190,3 +235,6 @@ def ds_config(tcfg: Train) -> dict:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+    if tcfg.offload_optimizer:
+        config["zero_force_ds_cpu_optimizer"] = False
+    return config

@@ -139,6 +139,7 @@ def sample_hf(
     prompt_seeds: Sequence[int] | None = None,
     batch_size: int,
     desc: str = "sampling",
+    synced_gpus: bool = False,
 ) -> list[Sample]:
     """`n` sampled responses for each prompt, ordered by (prompt, sample); temperature 0 is greedy.
 
@@ -148,7 +149,10 @@ def sample_hf(
     log-prob of every response token (None when greedy).
     max_new_tokens: one limit, or one per prompt (a batch generates up to its largest limit and
     each response is cut at its own). A response ends at its first stop token
-    (:func:`stop_token_ids`: end-of-text and the chat template's end-of-turn), which it keeps."""
+    (:func:`stop_token_ids`: end-of-text and the chat template's end-of-turn), which it keeps.
+    synced_gpus: a ZeRO-3 model, whose every forward gathers parameters from all ranks: each
+    generate() call runs forwards until every rank's batch is done (transformers' synced_gpus);
+    the ranks must make equally many calls (batches)."""
     from transformers import LogitsProcessorList
 
     stops = stop_token_ids(tokenizer)
@@ -184,6 +188,7 @@ def sample_hf(
             max_new_tokens=steps,
             eos_token_id=stops,
             pad_token_id=pad,
+            synced_gpus=synced_gpus,
         )[:, width:].cpu()
         logprobs = torch.stack(sampler.logprobs, dim=1) if sampler and sampler.logprobs else None
         for r, (i, j) in enumerate(batch):

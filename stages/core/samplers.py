@@ -2,8 +2,10 @@
 
 The rollout stage (stages.core.backends) samples from a model on disk once; the trainer samples
 from a policy that changes after every step. :class:`HfPolicySampler` generates with the live
-training module itself. :class:`VllmPolicySampler` keeps a vLLM engine in the training process
-and loads the policy's weights into it in place after each step (TRL's "colocate" mode); vLLM is
+training module itself (under ZeRO-3 the ranks generate in step: every forward gathers).
+:class:`VllmPolicySampler` keeps a vLLM engine in the training process and loads the policy's
+weights into it in place after each step (TRL's "colocate" mode), one gathered group of
+parameters at a time; ranks can share an engine in groups of `tensor_parallel_size`. vLLM is
 imported only when that class is built, and needs a GPU.
 
 Both return the sampler's own log-prob of every sampled token (Sample.logprobs), at the sampling
@@ -12,21 +14,29 @@ temperature, so the trainer can measure how far the sampler's policy is from its
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 
 from .backends import sample_vllm, vllm_source
-from .generation import Sample, sample_hf
+from .generation import Sample, per_prompt, sample_hf
+from .policy import gathered_state
 
 
 class HfPolicySampler:
-    """Sampling with transformers' generate() on the training module."""
+    """Sampling with transformers' generate() on the training module.
 
-    def __init__(self, model, tokenizer, batch_size: int) -> None:
+    dist (ZeRO-3 with several ranks, else None): every forward gathers parameters from all
+    ranks, so the ranks generate in step (synced_gpus: a rank whose batch is done keeps running
+    forwards until every rank's is) and make equally many generate() calls (a rank with fewer
+    batches generates a one-token stand-in and discards it)."""
+
+    def __init__(self, model, tokenizer, batch_size: int, dist=None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.dist = dist
 
     def sync(self) -> None:
         """Nothing to do: generation reads the live parameters."""
@@ -38,20 +48,42 @@ class HfPolicySampler:
         # KV cache off (dropout is 0 either way, so the samples do not depend on the mode)
         training = self.model.training
         self.model.eval()
+        synced = self.dist is not None
+        calls = -(-len(prompts) * n // self.batch_size)  # generate() calls of sample_hf
+        pad = self.dist.max(calls) - calls if synced else 0  # agreed before any of them
         try:
-            return sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
-                             top_p=top_p, max_new_tokens=max_new_tokens, prompt_seeds=prompt_seeds,
-                             batch_size=self.batch_size, desc=desc)  # runs without gradient
+            out = sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
+                            top_p=top_p, max_new_tokens=max_new_tokens, prompt_seeds=prompt_seeds,
+                            batch_size=self.batch_size, desc=desc, synced_gpus=synced)  # no gradient
+            for _ in range(pad):
+                sample_hf(self.model, self.tokenizer, [self.tokenizer.eos_token], n=1,
+                          temperature=temperature, top_p=top_p, max_new_tokens=1,
+                          prompt_seeds=[0], batch_size=1, desc=desc, synced_gpus=True)
+            return out
         finally:
             self.model.train(training)
 
 
 class VllmPolicySampler:
-    """A vLLM engine in this process whose weights follow the policy's (one engine per rank).
+    """A vLLM engine in this process whose weights follow the policy's.
 
     The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0; under torchrun with the
     `external_launcher` executor), so :meth:`sync` can hand the policy's tensors to the engine's
     model with its own `load_weights`, which also fuses q/k/v and gate/up projections.
+
+    Tensor parallelism (`tensor_parallel_size` k > 1, models.<size>.train_tensor_parallel_size):
+    ranks form groups of k consecutive ranks ([0..k-1], [k..2k-1], ...), as vLLM's external
+    launcher does, and each group's ranks are the workers of one engine: every rank of a group
+    builds it with the same arguments, and passes the same prompts and seeds to every call. So
+    each rank's prompts (with their limits and seeds: seeds come from the prompts' pool
+    indices, whoever samples them) are gathered within the group, generated once by the group,
+    and each rank keeps the rows of its own prompts. Sleep, wake and weight loading are made by
+    every rank of the group alike; each loads the full tensors and vLLM keeps its shard.
+
+    Weights: :meth:`sync` hands the engine the policy's full state dict once per update, one
+    group of parameters at a time (stages.core.policy.gathered_state: under ZeRO-3 each group
+    is gathered from the shards while it loads and released after, so no rank holds a second
+    full copy of the policy).
 
     Numerics: the engine returns the log-prob of each sampled token after temperature and top-p
     (logprobs_mode="processed_logprobs"); when the policy trains in bf16 the engine is asked for a
@@ -67,10 +99,15 @@ class VllmPolicySampler:
 
     def __init__(self, model_ref, model, tokenizer, *, world_size: int, seed: int,
                  gpu_memory_utilization: float, max_model_len: int, dtype: str,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, tensor_parallel_size: int = 1) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if batch_invariant:
             os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read when the engine is built
+        if world_size % tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size {tensor_parallel_size} does not divide the "
+                             f"{world_size} ranks of the job")
+        self.tp = tensor_parallel_size
+        self.group = tp_group(tensor_parallel_size, world_size) if tensor_parallel_size > 1 else None
         from vllm import LLM  # optional GPU extra: imported only here
 
         where, revision = vllm_source(model_ref)
@@ -80,7 +117,7 @@ class VllmPolicySampler:
         extra = {"hf_overrides": {"head_dtype": "float32"}} if self.fp32_head else {}
         self.llm = LLM(
             model=where, revision=revision, tokenizer_revision=revision, seed=seed,
-            tensor_parallel_size=1, dtype=dtype, max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size, dtype=dtype, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True,
             logprobs_mode="processed_logprobs",
             distributed_executor_backend="external_launcher" if world_size > 1 else None,
@@ -125,29 +162,34 @@ class VllmPolicySampler:
                 "~0.1 nats off the trainer's. Use a vLLM that honours it, train.dtype: float32, "
                 "or train.backend: hf")
 
-    def check_head_loaded(self) -> None:
-        """The engine's LM head holds the policy's head after a load (a tied head is the
-        embedding: it must come back with it after a level-2 sleep). vLLM pads the vocabulary
-        to a multiple of its tile, so the policy's rows are compared; a tensor-parallel shard
-        holds only some rows and is not checked here."""
-        policy = self.model.get_output_embeddings().weight
+    def check_head_loaded(self, policy_head: torch.Tensor) -> None:
+        """The engine's LM head holds the policy's head (full, as loaded) after a load (a tied
+        head is the embedding: it must come back with it after a level-2 sleep). vLLM pads the
+        vocabulary to a multiple of its tile, so the policy's rows are compared; a
+        tensor-parallel shard holds only some rows and is not checked here."""
         engine = self._engine_head()
-        rows = policy.shape[0]
-        if engine.shape[1] != policy.shape[1] or engine.shape[0] < rows:
+        rows = policy_head.shape[0]
+        if engine.shape[1] != policy_head.shape[1] or engine.shape[0] < rows:
             return
-        if not torch.equal(engine[:rows], policy.detach().to(engine.device, engine.dtype)):
+        if not torch.equal(engine[:rows], policy_head.detach().to(engine.device, engine.dtype)):
             raise RuntimeError("the vLLM engine's LM head differs from the policy's after loading "
                                "the weights (a tied head not reloaded after the engine slept?)")
 
     def sync(self) -> None:
-        """Wake the engine's weights, load the policy's current ones, check the head, wake the KV
-        cache, and drop the cached prefixes (computed with the old weights)."""
+        """Wake the engine's weights, load the policy's current ones group by group (each
+        gathered from the ZeRO-3 shards only while it loads; a collective: every rank calls
+        this), check the head, wake the KV cache, and drop the cached prefixes (computed with the
+        old weights)."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
+        head = self.model.get_output_embeddings().weight
+        head_name = next(n for n, t in self.model.state_dict(keep_vars=True).items() if t is head)
+        engine_model = self._engine_model()
         with torch.no_grad():
-            weights = ((name, p.detach()) for name, p in self.model.state_dict().items())
-            self._engine_model().load_weights(weights)
-            self.check_head_loaded()
+            for group in gathered_state(self.model):
+                engine_model.load_weights(iter(group.items()))
+                if head_name in group:
+                    self.check_head_loaded(group[head_name])
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -156,12 +198,49 @@ class VllmPolicySampler:
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int | list[int], prompt_seeds: list[int],
                desc: str = "rollout") -> list[Sample]:
-        """Sample (the engine must be awake: call sync() after each update), then sleep."""
+        """Sample (the engine must be awake: call sync() after each update), then sleep. With
+        tensor parallelism the group's prompts are generated together and this rank keeps its own."""
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: sync() the policy's weights first")
-        out = sample_vllm(self.llm, self.tokenizer, prompts, n=n, temperature=temperature,
-                          top_p=top_p, max_new_tokens=max_new_tokens, prompt_seeds=prompt_seeds,
-                          logprobs=True, use_tqdm=False)
+        share = [list(prompts), per_prompt(max_new_tokens, len(prompts)), list(prompt_seeds)]
+        shares, mine = ([share], 0) if self.group is None else (gather_in_group(share, self.group),
+                                                                 self.group[1])
+        offset = sum(len(p) for p, _, _ in shares[:mine])  # this rank's first prompt in the group's
+        out = sample_vllm(self.llm, self.tokenizer, [p for s in shares for p in s[0]], n=n,
+                          temperature=temperature, top_p=top_p,
+                          max_new_tokens=[x for s in shares for x in s[1]],
+                          prompt_seeds=[x for s in shares for x in s[2]], logprobs=True,
+                          use_tqdm=False)
         self.llm.sleep(level=2)
         self.asleep = True
-        return out
+        return [dataclasses.replace(x, prompt_idx=x.prompt_idx - offset) for x in out
+                if offset <= x.prompt_idx < offset + len(prompts)]
+
+
+def tp_groups(tensor_parallel_size: int, world_size: int) -> list[list[int]]:
+    """The ranks of each vLLM engine: consecutive blocks of tensor_parallel_size ranks."""
+    return [list(range(g, g + tensor_parallel_size)) for g in range(0, world_size, tensor_parallel_size)]
+
+
+def tp_group(tensor_parallel_size: int, world_size: int):
+    """(this rank's process group of its engine's ranks, its index in it); every rank calls this
+    (torch.distributed makes every group on every rank)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    mine = None
+    for ranks in tp_groups(tensor_parallel_size, world_size):
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = (group, ranks.index(rank))
+    return mine
+
+
+def gather_in_group(obj, group) -> list:
+    """Every rank's `obj` of this rank's engine group, in the group's rank order."""
+    import torch.distributed as dist
+
+    process_group, _ = group
+    out = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(out, obj, group=process_group)
+    return out

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .scoring import pack, trunk_and_head
+from .policy import as_policy
+from .scoring import pack
 from .stats import (
     CHUNK_POSITIONS,
     CHUNK_VOCAB,
@@ -41,6 +42,9 @@ from .stats import (
 
 AllReduce = Callable[[Tensor], Tensor]
 """Sums a tensor over the ranks that share a scope (None: one process)."""
+
+RankMax = Callable[[int], int]
+"""The largest of a number over the ranks of the job (None: one process)."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,14 @@ class Chunks:
 # ---------------------------------------------------------------------------------------------
 def trunk_hidden(model, prompt_ids, response_ids, pad_id: int, device) -> tuple[Tensor, Tensor]:
     """(final hidden states (b, L, D) of prompt + response, flat index (N,) of the positions that
-    predict each response token into the b·L positions), with gradient if it is enabled."""
+    predict each response token into the b·L positions), with gradient if it is enabled.
+    `model`: a Policy or a bare causal LM. No sequences: one pad token stands in, so that a rank
+    with nothing to score still runs the forward the others run (ZeRO-3 gathers in each)."""
+    if not prompt_ids:
+        prompt_ids, response_ids = [[pad_id]], [[]]
     ids, attention, rows, cols = pack(prompt_ids, response_ids, pad_id)
-    trunk, _, _ = trunk_and_head(model)
-    out = trunk(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False)
+    out = as_policy(model).trunk(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                 use_cache=False)
     hidden = out.last_hidden_state  # (b, L, D)
     return hidden, (rows * ids.shape[1] + cols).to(device)
 
@@ -87,6 +95,15 @@ def micro_batches(total_lengths: Sequence[int], max_sequences: int,
     if start < len(total_lengths):
         out.append(range(start, len(total_lengths)))
     return out
+
+
+def forward_plan(micro: list[range], rank_max: RankMax | None) -> list[range | None]:
+    """The micro-batches of each forward call of this rank, padded with None (a forward of a
+    stand-in whose result is discarded) up to the most any rank makes, so every rank makes
+    equally many: ZeRO-3 gathers parameters collectively in every forward, ZeRO-2 reduces
+    gradients in every backward, and a rank that stops early leaves the others waiting forever."""
+    calls = rank_max(len(micro)) if rank_max is not None else len(micro)
+    return [micro[j] if j < len(micro) else None for j in range(calls)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +186,14 @@ def head_logprob(head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, tempe
                                      chunks.positions, chunks.vocab)
 
 
+def head_statistics(head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, temperature: float,
+                    chunks: Chunks = Chunks(), jsd: bool = False) -> dict[str, Tensor]:
+    """stats.chunked_token_statistics of hidden states (n, D) through `head`'s weight and bias."""
+    return chunked_token_statistics(hidden, head.weight, token_ids.to(hidden.device), temperature,
+                                    head_bias=head.bias, jsd=jsd, chunk_positions=chunks.positions,
+                                    chunk_vocab=chunks.vocab)
+
+
 # ---------------------------------------------------------------------------------------------
 # Scoring a scope without gradient
 # ---------------------------------------------------------------------------------------------
@@ -240,50 +265,72 @@ def deviation(name: str, hidden: Tensor, head_weight: Tensor | None, groups: Seq
                           chunk_positions=chunk_positions, chunk_vocab=chunk_vocab)
 
 
+def _scope_deviations(head: torch.nn.Module, hv: Tensor, lse: Tensor, *, scope: Scope,
+                      needs: set[str], temperature: float, chunks: Chunks,
+                      all_reduce: AllReduce | None) -> dict[str, Tensor]:
+    """``jsd`` and the DEVIATIONS in `needs` of a scope's hidden states hv (N, D) (on the CPU,
+    moved to the head chunk by chunk) with their log-normalisers lse (N,)."""
+    weight, bias = head.weight, head.bias
+    kw = {"head_bias": bias, "chunk_positions": chunks.positions, "chunk_vocab": chunks.vocab}
+    lse = lse.to(weight.device)
+    out: dict[str, Tensor] = {}
+    if "jsd" in needs:
+        total, n = distribution_sum(hv, weight, temperature, logsumexp=lse, **kw)
+        total = total.double()
+        count = torch.tensor([float(n)], dtype=torch.float64, device=total.device)
+        if all_reduce is not None:  # float64 before the sum over ranks
+            total, count = all_reduce(total), all_reduce(count)
+        mean = total / count.clamp_min(1.0)
+        out["jsd"] = jsd_to_mean(hv, weight, mean, temperature, logsumexp=lse, **kw).cpu()
+    for name in (n for n in DEVIATIONS if n in needs):
+        out[name] = deviation(name, hv, weight, scope.groups, scope.lengths, temperature,
+                              logsumexp=lse, **kw).cpu()
+    return out
+
+
 @torch.no_grad()
 def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=frozenset(), *,
                 device, max_sequences: int, max_tokens: int | None = None,
-                chunks: Chunks = Chunks(), all_reduce: AllReduce | None = None) -> dict[str, Tensor]:
-    """Per-token statistics (N,) of a scope under `model`, float32 on the CPU (float64 models:
-    float64): always ``entropy``, ``renyi2``, ``logprob``; ``jsd`` (to the mean distribution of
-    the scope on every rank, all_reduce summing the V-sized pieces) and the deviations of
-    DEVIATIONS (``group_jsd``: ICT's u, and the labelled readings; the groups of a scope never
-    span ranks in the trainer, so they need no all_reduce) when `needs` names them. Hidden states
-    go to the CPU after each trunk pass when a deviation is needed, so the device holds one
-    micro-batch of them at a time."""
+                chunks: Chunks = Chunks(), all_reduce: AllReduce | None = None,
+                rank_max: RankMax | None = None) -> dict[str, Tensor]:
+    """Per-token statistics (N,) of a scope under `model` (a Policy or a bare causal LM), float32
+    on the CPU (float64 models: float64): always ``entropy``, ``renyi2``, ``logprob``; ``jsd``
+    (to the mean distribution of the scope on every rank, all_reduce summing the V-sized pieces)
+    and the deviations of DEVIATIONS (``group_jsd``: ICT's u, and the labelled readings; the
+    groups of a scope never span ranks in the trainer, so they need no all_reduce) when `needs`
+    names them. Hidden states go to the CPU after each trunk pass when a deviation is needed, so
+    the device holds one micro-batch of them at a time.
+
+    Several ranks (rank_max given) make equally many forward calls (forward_plan): a rank with
+    fewer micro-batches runs the trunk and head on a one-token stand-in and discards it. The
+    head is read only inside the Policy's forward (gathered there under ZeRO-3): once per
+    micro-batch, and once for the deviations."""
+    policy = as_policy(model)
     trunk_needs = ({"jsd"} | set(DEVIATIONS)) & set(needs)
-    _, weight, bias = trunk_and_head(model)
     out: dict[str, list[Tensor]] = {"entropy": [], "renyi2": [], "logprob": [], "logsumexp": []}
     kept: list[Tensor] = []
     ids = scope.token_ids()
     totals = [len(p) + len(r) for p, r in zip(scope.prompt_ids, scope.response_ids, strict=True)]
     starts = torch.tensor([0] + scope.lengths).cumsum(0).tolist()
-    for mb in micro_batches(totals, max_sequences, max_tokens):
-        hidden, flat = trunk_hidden(model, [scope.prompt_ids[i] for i in mb],
-                                    [scope.response_ids[i] for i in mb], pad_id, device)
+    micro = micro_batches(totals, max_sequences, max_tokens)
+    for mb in forward_plan(micro, rank_max):
+        seqs = [] if mb is None else list(mb)  # padding: trunk_hidden's one-token stand-in
+        hidden, flat = trunk_hidden(policy, [scope.prompt_ids[i] for i in seqs],
+                                    [scope.response_ids[i] for i in seqs], pad_id, device)
         rows = response_rows(hidden, flat)  # (n, D)
-        stats = chunked_token_statistics(rows, weight, ids[starts[mb.start]:starts[mb.stop]].to(device),
-                                         temperature, head_bias=bias, jsd=False,
-                                         chunk_positions=chunks.positions, chunk_vocab=chunks.vocab)
-        for key in out:
-            out[key].append(stats[key].cpu())
-        if trunk_needs:
-            kept.append(rows.cpu())
+        tokens = ids[:0] if mb is None else ids[starts[mb.start]:starts[mb.stop]]
+        stats = policy(rows, tokens, fn=head_statistics, temperature=temperature, chunks=chunks)
+        if mb is not None:
+            for key in out:
+                out[key].append(stats[key].cpu())
+            if trunk_needs:
+                kept.append(rows.cpu())
         del hidden, rows
     result = {k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()}
     if trunk_needs:
-        hv = torch.cat(kept)  # (N, D) on the CPU, moved to the head chunk by chunk
-        kw = {"head_bias": bias, "chunk_positions": chunks.positions, "chunk_vocab": chunks.vocab}
-        lse = result["logsumexp"].to(device)
-        if "jsd" in trunk_needs:
-            total, n = distribution_sum(hv, weight, temperature, logsumexp=lse, **kw)
-            total = total.double()
-            count = torch.tensor([float(n)], dtype=torch.float64, device=total.device)
-            if all_reduce is not None:  # float64 before the sum over ranks
-                total, count = all_reduce(total), all_reduce(count)
-            mean = total / count.clamp_min(1.0)
-            result["jsd"] = jsd_to_mean(hv, weight, mean, temperature, logsumexp=lse, **kw).cpu()
-        for name in (n for n in DEVIATIONS if n in trunk_needs):
-            result[name] = deviation(name, hv, weight, scope.groups, scope.lengths, temperature,
-                                     logsumexp=lse, **kw).cpu()
+        width = policy.lm.config.hidden_size
+        hv = torch.cat(kept) if kept else torch.zeros(0, width)  # (N, D) on the CPU
+        result |= policy(hv, result["logsumexp"], fn=_scope_deviations, scope=scope,
+                         needs=trunk_needs, temperature=temperature, chunks=chunks,
+                         all_reduce=all_reduce)
     return result
