@@ -260,6 +260,9 @@ class TokenStats(Strict):
 
     chunk_positions: int = Field(1024, gt=0, description="positions per chunk")
     chunk_vocab: int = Field(32768, gt=0, description="vocabulary entries per chunk")
+    batch_tokens: int = Field(
+        32768, gt=0, description="token-statistics and overlap stages: tokens per teacher-forcing "
+        "forward (sequences x longest prompt + response; a longer sequence goes alone)")
     dtype: Literal["float32", "bfloat16", "float64"] = Field(
         "float32", description="token-statistics stage: dtype the model is loaded and run in "
         "(reductions in float32 for float32 and bf16; float64 end to end for float64)")

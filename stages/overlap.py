@@ -7,10 +7,10 @@
         --out results/<run>/overlap/size=S/method=M/seed=K/overlap.parquet
 
 The base model's rollouts are teacher-forced through the trained model at the rollout temperature,
-exactly as the token-statistics stage forced them through the base model (stages.core.scoring,
-in token_stats.dtype, reductions in float32). A = the top `token_stats.overlap_top` fraction of
-the file's positions by the base model's entropy (its tokens.parquet), B = the same fraction by
-the trained model's entropy; both are ceil(ρN) positions (ties: the earliest, as the selectors),
+exactly as the token-statistics stage forced them through the base model (stages.core.scoring.
+stream_statistics: group by group, one pass, in token_stats.dtype, reductions in float32). A = the
+top `token_stats.overlap_top` fraction of the file's positions by the base model's entropy (its
+tokens.parquet), B = the same fraction by the trained model's entropy; both are ceil(ρN) positions (ties: the earliest, as the selectors),
 and the overlap is |A ∩ B| / |A| — not the Jaccard index |A ∩ B| / |A ∪ B|, which is written
 beside it (the paper's 86.67% overlap is a Jaccard of about 0.76). One row per trained model.
 """
@@ -27,9 +27,8 @@ from . import cli
 from .config import Config, ConfigError
 from .core.io import ArtifactError, provenance, read_parquet, write_parquet
 from .core.modeling import load_model_and_tokenizer
-from .core.scoring import response_hidden, trunk_and_head
+from .core.scoring import stream_statistics
 from .core.selectors import count, top_k_first
-from .core.stats import chunked_token_statistics
 from .rollout import ROLLOUT_SCHEMA
 
 STAGE_VERSION = "1"
@@ -83,14 +82,15 @@ def trained_entropy(cfg: Config, model_path: str, frame: pl.DataFrame) -> torch.
     if ids.numel() and int(ids.max()) >= vocab:
         raise ArtifactError(f"{model_path}: the rollouts hold token id {int(ids.max())}, outside this "
                             f"model's vocabulary of {vocab}: rollouts of another model?")
-    _, weight, bias = trunk_and_head(model)
-    hidden = response_hidden(model, prompts, responses, tokenizer.pad_token_id,
-                             desc="teacher forcing (trained)")
-    stats = chunked_token_statistics(hidden, weight, ids, cfg.rollout.temperature, head_bias=bias,
-                                     jsd=False, chunk_positions=cfg.token_stats.chunk_positions,
-                                     chunk_vocab=cfg.token_stats.chunk_vocab)
+    # one pass, group by group, as the token-statistics stage's first
+    stats = stream_statistics(model, prompts, responses, frame["problem_id"].to_list(),
+                              tokenizer.pad_token_id, cfg.rollout.temperature,
+                              chunk_positions=cfg.token_stats.chunk_positions,
+                              chunk_vocab=cfg.token_stats.chunk_vocab,
+                              batch_tokens=cfg.token_stats.batch_tokens,
+                              desc="teacher forcing (trained)")
     # float32, as tokens.parquet stores the base model's: both rankings see the same rounding
-    return stats["entropy"].float().cpu()
+    return stats["entropy"].float()
 
 
 def main(args, cfg: Config) -> None:

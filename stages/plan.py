@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, Gpus, load_config
 from .core import memory as mem
 from .core.memory import GB, Arch, Figure, Layout, Term
 
@@ -291,27 +291,26 @@ def _generation_plan(cfg: Config, kind: str, size: str, arch: Arch, gpu_gb: floa
 
 def _token_stats_plan(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_key: str,
                       prompt_tokens: int | None) -> JobPlan | None:
-    """The token-statistics stage: the whole model on the first GPU, teacher forcing in batches,
-    every response token's hidden state kept on the host."""
+    """The token-statistics stage: the whole model on the first GPU, teacher forcing group by
+    group in batches of a token budget, one group's hidden states kept on the host."""
     m = cfg.models[size]
     if m.gpus.token_stats == 0:
         return None
     ts, r = cfg.token_stats, cfg.rollout
     w = mem.dtype_bytes(ts.dtype)
     seq = _prompt_tokens(cfg, prompt_tokens) + r.max_new_tokens
+    sequences = mem.teacher_forcing_sequences(r.n, seq, ts.batch_tokens)
     runtime = Term("CUDA runtime", mem.CUDA_RUNTIME_GB * GB, f"{mem.CUDA_RUNTIME_GB} GB")
     figure = Figure([Term("weights", w * arch.params, f"{w}P"),
-                     *mem.teacher_forcing_terms(arch, w, mem.TOKEN_STATS_BATCH, seq,
-                                                ts.chunk_positions, ts.chunk_vocab), runtime])
-    tokens = r.prompts * r.n * r.max_new_tokens
+                     *mem.teacher_forcing_terms(arch, w, sequences, seq, ts.chunk_positions,
+                                                ts.chunk_vocab), runtime])
     host = Figure([Term("process", mem.PROCESS_HOST_GB * GB, f"{mem.PROCESS_HOST_GB} GB"),
-                   Term("hidden states", tokens * arch.hidden * w,
-                        f"{tokens:,} tokens (prompts x n x max_new_tokens) x wD"),
-                   Term("token table", tokens * 128, "128 B per token")])
+                   *mem.teacher_forcing_host_terms(arch, w, r.n * r.max_new_tokens,
+                                                   r.prompts * r.n * r.max_new_tokens)])
     notes = ["the model is loaded on the first GPU only"] if m.gpus.token_stats > 1 else []
     mem_gb, mem_key = _mem(cfg, "token_stats", size)
     return JobPlan("token_stats", size, [], 1, m.gpus.token_stats,
-                   f"{ts.dtype}, batch {mem.TOKEN_STATS_BATCH} x {seq:,} tok",
+                   f"{ts.dtype}, batch {sequences} x {seq:,} tok",
                    {"teacher forcing": figure}, host, mem_gb, mem_key, gpu_gb, gpu_key, "", [],
                    notes)
 
@@ -427,6 +426,45 @@ def render(jobs: list[JobPlan]) -> str:
     return "\n".join(lines)
 
 
+REQUEST_RULES = ("prepare_data", "base_model", "rollout", "token_stats", "train", "evaluate",
+                 "tables")
+"""The workflow's rules, in its order, with the job each one runs (workflow/rules/*.smk)."""
+ONE_JOB = {"prepare_data": "dataset", "base_model": "size", "rollout": "size",
+           "token_stats": "size", "train": "size × method × seed", "evaluate": "model",
+           "tables": "run"}
+
+
+def requests_table(cfg: Config) -> str:
+    """What each job asks the scheduler for, per rule and size, as a Markdown table: GPUs (nodes ×
+    GPUs per node for a multi-node training job; vLLM tensor parallelism noted) / CPU cores /
+    memory / walltime, from `models.<size>.gpus`, `train_nodes`, `gpus_per_node` and `resources`:
+    the table the docs print, generated from the config so that the two cannot disagree."""
+    sizes = cfg.experiment.sizes
+    head = ["rule (one job per)", *(cfg.models[s].label or s for s in sizes)]
+    rows = [head, ["---"] * len(head)]
+    for rule in REQUEST_RULES:
+        cells = []
+        for size in sizes:
+            m = cfg.models[size]
+            r = cfg.resources.of(rule, size)
+            gpus = getattr(m.gpus, rule) if rule in Gpus.model_fields else 0
+            if rule == "train" and m.train_nodes > 1:
+                what = f"{m.train_nodes} nodes × {m.train_gpus_per_node()}"
+            else:
+                what = str(gpus)
+            if rule in ("rollout", "evaluate") and m.tensor_parallel_size > 1:
+                what += f" (vLLM TP {m.tensor_parallel_size})"
+            if rule == "train" and m.train_tensor_parallel_size > 1:
+                what += f" (vLLM TP {m.train_tensor_parallel_size})"
+            mem_gb = f"{r.mem_mb / 1000:g} GB" + (" per node" if rule == "train" and m.train_nodes > 1 else "")
+            hours = f"{r.runtime / 60:g} h" if r.runtime >= 60 else f"{r.runtime} min"
+            cells.append(f"{what} / {r.cpus} / {mem_gb} / {hours}")
+        if rule in ("prepare_data", "tables"):
+            cells = [cells[0]] + ["same"] * (len(cells) - 1)
+        rows.append([f"`{rule}` ({ONE_JOB[rule]})", *cells])
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configfile", required=True, help="workflow config YAML (as Snakemake's flag)")
@@ -436,9 +474,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="prompt length assumed where train.max_prompt_tokens is unset "
                         f"(default {mem.DEFAULT_PROMPT_TOKENS})")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--requests", action="store_true",
+                   help="print what each job asks the scheduler for (a Markdown table) and stop")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.configfile)
+        if args.requests:
+            print(requests_table(cfg))
+            return 0
         jobs = plan(cfg, args.gpu_memory_gb, args.prompt_tokens)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -5,13 +5,15 @@
         --out-dir results/<run>/token_stats/size=NAME
 
 Every rollout is teacher-forced through the model (in token_stats.dtype) at the rollout
-temperature, exactly as the trainer scores it (stages.core.scoring), and the statistics come from
-stages.core.stats. The hidden states stay on the CPU; the statistics move them to the head's
-device block by block. `ict_u` is ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t), the groups being
-the responses of one problem_id and t the response position (METHODS §3). The whole file is one
-selection scope: `jsd` is the deviation from the file's mean distribution (computed, and non-null,
-only when a reported selector or the readings need it) and the `sel_*` columns are the tokens each
-selector would update, with the experiment's parameters.
+temperature, and the statistics come from stages.core.stats, streamed group by group
+(stages.core.scoring.stream_statistics): the trunk runs in batches of a token budget without a KV
+cache, and one group's hidden states (on the CPU; the statistics move them to the head's device
+block by block) exist at a time; `jsd` takes a second pass. `ict_u` is ICT's uniqueness
+u_{i,t} = JSD(p_{i,t} ‖ P̄_t), the groups being the responses of one problem_id and t the
+response position (METHODS §3). The whole file is one selection scope: `jsd` is the deviation
+from the file's mean distribution (computed, and non-null, only when a reported selector or the
+readings need it) and the `sel_*` columns are the tokens each selector would update, with the
+experiment's parameters.
 
 With token_stats.ict_readings (the default) the stage also scores the readings of ICT's reference
 that the summaries leave open (ours, labelled, never ICT; METHODS §3): `u_response_mean`,
@@ -42,8 +44,8 @@ from .core.io import ArtifactError, provenance, read_parquet, write_json, write_
 from .core.losses import group_advantages
 from .core.modeling import load_model_and_tokenizer
 from .core.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB, ICT_SOURCE
-from .core.scorer import DEVIATIONS, deviation, self_weight
-from .core.scoring import response_hidden, trunk_and_head
+from .core.scorer import DEVIATIONS, self_weight
+from .core.scoring import stream_statistics
 from .core.selectors import (
     ICT_LABELS,
     ICT_SCORES,
@@ -55,10 +57,10 @@ from .core.selectors import (
     spec_of,
     valid_grid,
 )
-from .core.stats import CEILING_RTOL, at_ceiling, chunked_token_statistics
+from .core.stats import CEILING_RTOL, at_ceiling
 from .rollout import ROLLOUT_SCHEMA
 
-STAGE_VERSION = "3"
+STAGE_VERSION = "4"
 
 # The three selectors the stage reports, by the column they fill; parameters are those of the
 # first experiment method using that selector, else the selector's registered defaults.
@@ -203,27 +205,22 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
     prompts = frame["prompt_token_ids"].to_list()
     responses = frame["response_token_ids"].to_list()
     lengths = [len(r) for r in responses]
-    _, weight, bias = trunk_and_head(model)
-    chunks = {"chunk_positions": ts.chunk_positions, "chunk_vocab": ts.chunk_vocab}
-    hidden = response_hidden(model, prompts, responses, tokenizer.pad_token_id,
-                             desc="teacher forcing")  # (N, D) on the CPU, model dtype
     token_ids = torch.tensor(list(itertools.chain.from_iterable(responses)))  # (N,)
     readings = ts.ict_readings
     # the readings rank by their deviations, and token_id and scope_position by jsd
     reading_needs = {"group_jsd"} | ({*READINGS.values(), "jsd", "token_ids"} if readings else set())
     wanted = needed | reading_needs
-    stats = chunked_token_statistics(hidden, weight, token_ids, temperature, head_bias=bias,
-                                      jsd="jsd" in wanted, **chunks)
     # ICT's groups: the responses of one problem; its steps: the response positions
     group = group_index(frame)  # (B,)
     groups = group.tolist()
-    deviations = {}  # (N,) in the compute dtype (float64 for a float64 model), as ranked
-    for name in (n for n in DEVIATIONS if n in wanted):
-        cli.log.info("scoring %s", name)
-        deviations[name] = deviation(name, hidden, weight, groups, lengths, temperature,
-                                     head_bias=bias, logsumexp=stats["logsumexp"], **chunks).cpu()
-    del hidden
-    stats = {k: v.cpu() for k, v in stats.items()}
+    # group by group: one group's hidden states at a time (a second pass when jsd is wanted)
+    scored = stream_statistics(model, prompts, responses, groups, tokenizer.pad_token_id,
+                               temperature, wanted, chunk_positions=ts.chunk_positions,
+                               chunk_vocab=ts.chunk_vocab, batch_tokens=ts.batch_tokens,
+                               desc="teacher forcing")
+    # (N,) in the compute dtype (float64 for a float64 model), as ranked
+    deviations = {name: scored.pop(name) for name in DEVIATIONS if name in scored}
+    stats = scored
     # what the selectors rank: the compute dtype, so that a float64 run ranks float64 values
     per_token = {**stats, **deviations, "token_ids": token_ids}
     stats = {k: v.float() for k, v in stats.items()}

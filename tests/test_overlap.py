@@ -3,7 +3,6 @@ stage on tiny models (a model with itself overlaps fully; bad input names the fi
 
 from __future__ import annotations
 
-
 import polars as pl
 import pytest
 import torch
@@ -87,6 +86,37 @@ def test_the_stage_overlaps_a_model_with_itself_fully_and_another_less(files):
     assert same["overlap"] == 1.0 and same["entropy_mean_base"] == same["entropy_mean_trained"]
     assert other["overlap"] < 1.0 and same["positions"] == other["positions"] > 0
     assert same["top"] == 0.25
+
+
+def test_trained_entropy_streams_group_by_group_in_one_pass(files, monkeypatch):
+    """The trained model's entropies come from the token-statistics stage's streaming path: one
+    group's hidden states at a time, one pass (no jsd), equal to the whole file's at once."""
+    from stages.config import load_config
+    from stages.core import scoring
+    from stages.core.modeling import load_model_and_tokenizer
+    from stages.core.stats import chunked_token_statistics
+
+    d, cfg_path = files
+    cfg = load_config(cfg_path)
+    frame = pl.read_parquet(d / "rollouts.parquet")
+    real, calls = scoring.response_hidden, []
+
+    def spy(model, prompts, responses, *args, **kwargs):
+        calls.append(len(responses))
+        return real(model, prompts, responses, *args, **kwargs)
+
+    monkeypatch.setattr(scoring, "response_hidden", spy)
+    entropy = trained_entropy(cfg, str(d / "base" / "base.json"), frame)
+    assert calls == [2, 2, 2]  # three problems of two responses, once each
+    model, tokenizer = load_model_and_tokenizer(d / "base" / "base.json", dtype=torch.float32)
+    responses = frame["response_token_ids"].to_list()
+    hidden = real(model, frame["prompt_token_ids"].to_list(), responses, tokenizer.pad_token_id)
+    _, weight, bias = scoring.trunk_and_head(model)
+    ids = torch.tensor([t for r in responses for t in r])
+    whole = chunked_token_statistics(hidden, weight, ids, cfg.rollout.temperature, head_bias=bias,
+                                     jsd=False, chunk_positions=cfg.token_stats.chunk_positions,
+                                     chunk_vocab=cfg.token_stats.chunk_vocab)["entropy"]
+    torch.testing.assert_close(entropy, whole.float())
 
 
 def test_the_stage_refuses_token_statistics_of_other_rollouts(files, tmp_path):

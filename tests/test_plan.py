@@ -354,7 +354,50 @@ def test_a_higher_zero_stage_never_increases_model_states_once_there_is_somethin
 def test_token_stats_batch_is_the_stages():
     from stages.core.scoring import response_hidden
 
-    assert inspect.signature(response_hidden).parameters["batch_size"].default == mem.TOKEN_STATS_BATCH
+    params = inspect.signature(response_hidden).parameters
+    assert params["batch_size"].default == mem.TOKEN_STATS_BATCH
+    assert params["batch_tokens"].default == mem.TOKEN_STATS_BATCH_TOKENS
+    from stages.config import TokenStats
+
+    assert TokenStats().batch_tokens == mem.TOKEN_STATS_BATCH_TOKENS  # token_stats.batch_tokens
+
+
+def test_token_stats_streams_so_the_80_20_sizes_fit_80gb():
+    """The stage streams group by group without a KV cache: one 22,528-token sequence per forward
+    at the 80/20 sizes, and a host figure that grows with a group, not with the file's groups."""
+    raw = load_raw("beyond-80-20")
+    jobs = [j for j in plan_cli.plan(validate(raw, "raw"), gpu_memory_gb=80) if j.kind == "token_stats"]
+    assert [j.size for j in jobs] == ["qwen3-8b", "qwen3-14b", "qwen3-32b"]
+    assert all(j.fits for j in jobs), [p for j in jobs for p in j.problems]
+    for j in jobs:
+        names = {t.name for t in j.phases["teacher forcing"].terms}
+        assert "batch KV cache" not in names and "attention mask" not in names  # one sequence alone
+        assert j.settings.endswith("batch 1 x 22,528 tok")
+    raw["rollout"]["prompts"] *= 2
+    more = {j.size: j for j in plan_cli.plan(validate(raw, "raw"), gpu_memory_gb=80)
+            if j.kind == "token_stats"}
+    for j in jobs:
+        host = {t.name: t.bytes for t in j.host.terms}
+        twice = {t.name: t.bytes for t in more[j.size].host.terms}
+        assert twice["group hidden states"] == host["group hidden states"]
+        assert twice["token table"] == 2 * host["token table"]
+        assert more[j.size].phases["teacher forcing"].bytes == j.phases["teacher forcing"].bytes
+
+
+def test_teacher_forcing_batches_by_the_token_budget():
+    """Sequences per forward: within one group, at most 32, within the token budget, one alone
+    when it is longer (the trainer's micro_batches rule)."""
+    from stages.core.scorer import micro_batches
+
+    for group, seq in [(8, 3072), (16, 22528), (64, 100), (4, 40000)]:
+        expected = len(micro_batches([seq] * group, mem.TOKEN_STATS_BATCH,
+                                     mem.TOKEN_STATS_BATCH_TOKENS)[0])
+        assert mem.teacher_forcing_sequences(group, seq) == expected
+    arch = mem.HUB_ARCHS["Qwen/Qwen3-8B-Base"]
+    one = {t.name: t.bytes for t in mem.teacher_forcing_terms(arch, 2, 1, 22528, 1024, 32768)}
+    two = {t.name: t.bytes for t in mem.teacher_forcing_terms(arch, 2, 2, 22528, 1024, 32768)}
+    assert "attention mask" not in one and two["attention mask"] == 2 * 22528**2 * 3
+    assert two["forward working set"] == 2 * one["forward working set"]
 
 
 def test_activation_constants_match_the_saved_tensors():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,8 @@ from stages.core.io import provenance, read_parquet, write_parquet
 from stages.core.losses import group_advantages
 from stages.core.modeling import load_model_and_tokenizer
 from stages.core.problems import generate_arithmetic
-from stages.core.scoring import pack, response_hidden
+from stages.core.scorer import DEVIATIONS, deviation
+from stages.core.scoring import pack, response_hidden, stream_statistics, trunk_and_head
 from stages.core.stats import _Source, chunked_token_statistics, group_step_jsd, token_statistics
 from stages.rollout import ROLLOUT_SCHEMA
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
@@ -418,6 +420,91 @@ def test_ict_u_and_picks_equal_a_float64_recomputation(setup, rolled, staged):
     torch.testing.assert_close(u_stage, torch.tensor(u_ref, dtype=torch.float64), atol=1e-7, rtol=1e-4)
     assert max(u_ref) > 1e-3  # the groups' responses do differ
     assert tokens["sel_ict"].to_list() == sel_ref
+
+
+def whole_file_statistics(model, prompts, responses, groups, pad_id, temperature,
+                          needs=frozenset(), *, chunk_positions, chunk_vocab, **_):
+    """The stage's statistics before it streamed: every hidden state of the file at once, jsd and
+    the deviations over the whole file (stream_statistics' signature)."""
+    _, weight, bias = trunk_and_head(model)
+    hidden = response_hidden(model, prompts, responses, pad_id)  # (N, D)
+    ids = torch.tensor([t for r in responses for t in r])
+    kw = {"head_bias": bias, "chunk_positions": chunk_positions, "chunk_vocab": chunk_vocab}
+    out = chunked_token_statistics(hidden, weight, ids, temperature, jsd="jsd" in needs, **kw)
+    index = {g: k for k, g in enumerate(dict.fromkeys(groups))}
+    lengths = [len(r) for r in responses]
+    for name in (n for n in DEVIATIONS if n in needs):
+        out[name] = deviation(name, hidden, weight, [index[g] for g in groups], lengths,
+                              temperature, logsumexp=out["logsumexp"], **kw)
+    return {k: v.cpu() for k, v in out.items()}
+
+
+def test_streamed_stage_equals_the_whole_file_bit_for_bit(setup, rolled, tmp_path, monkeypatch):
+    """compute() streamed group by group (jsd in a second pass) writes the same token table and
+    summary, bit for bit, as the whole file's hidden states at once, in float64: chunk_positions 4,
+    so that blocks straddle groups in the whole file and groups span blocks; the rows shuffled, so
+    that the groups are interleaved and visited in another order than the file's."""
+    from stages import token_stats
+
+    d, cfg_path = setup
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["token_stats"].update(dtype="float64", chunk_positions=4, chunk_vocab=100)
+    cfg = load_config(write_yaml(tmp_path / "cfg.yaml", raw))
+    frame = read_parquet(rolled, ROLLOUT_SCHEMA).sample(fraction=1.0, shuffle=True, seed=0)
+    assert frame["problem_id"].to_list() != sorted(frame["problem_id"].to_list())
+    model, tokenizer = load_model_and_tokenizer(d / "base.json", dtype=torch.float64)
+    table, summary = token_stats.compute(cfg, model, tokenizer, frame)
+    monkeypatch.setattr(token_stats, "stream_statistics", whole_file_statistics)
+    reference, reference_summary = token_stats.compute(cfg, model, tokenizer, frame)
+    assert table["jsd"].null_count() == 0 and table["u_group_loo"].null_count() == 0
+    assert table.equals(reference)
+    assert json.dumps(summary) == json.dumps(reference_summary)
+
+
+def test_one_group_of_hidden_states_at_a_time(setup, rolled, monkeypatch):
+    """stream_statistics holds one group's hidden states at a time (every earlier group's are freed
+    before the next is made), however many groups the file has; two passes with jsd, one without;
+    every trunk forward runs without a KV cache within the token budget (or one sequence alone)."""
+    from stages.core import scoring
+
+    d, _ = setup
+    frame = read_parquet(rolled, ROLLOUT_SCHEMA)
+    model, tokenizer = load_model_and_tokenizer(d / "base.json", dtype=torch.float32)
+    made, alive_before = [], []  # every hidden-state tensor handed out; rows alive at each call
+    real = scoring.response_hidden
+
+    def spy(*args, **kwargs):
+        alive_before.append(sum(r().shape[0] for r in made if r() is not None))
+        out = real(*args, **kwargs)
+        made.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(scoring, "response_hidden", spy)
+    forwards = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: forwards.append((tuple(kw["input_ids"].shape), kw.get("use_cache"))),
+        with_kwargs=True)
+    widest = max(len(q) + len(r) for q, r in zip(frame["prompt_token_ids"],
+                                                  frame["response_token_ids"], strict=True))
+    budget = 2 * widest
+    try:
+        for problems, needs in [(2, {"jsd", "group_jsd", "group_loo_jsd"}), (6, {"jsd"}), (6, set())]:
+            first = frame["problem_id"].unique(maintain_order=True)[:problems]
+            part = frame.filter(pl.col("problem_id").is_in(first))
+            made.clear(), alive_before.clear(), forwards.clear()
+            responses = part["response_token_ids"].to_list()
+            out = stream_statistics(model, part["prompt_token_ids"].to_list(), responses,
+                                    part["problem_id"].to_list(), tokenizer.pad_token_id, 1.0,
+                                    needs, chunk_positions=4, chunk_vocab=100, batch_tokens=budget)
+            assert len(made) == problems * (2 if "jsd" in needs else 1)
+            assert alive_before == [0] * len(made)  # no other group's hidden states alive
+            assert set(out) == {"logsumexp", "entropy", "renyi2", "max_prob", "logprob", *needs}
+            assert all(v.shape == (sum(map(len, responses)),) for v in out.values())
+            assert all(cache is False for _, cache in forwards)
+            assert all(b == 1 or b * width <= budget for (b, width), _ in forwards)
+            assert any(b > 1 for (b, _), _ in forwards)  # the budget does batch
+    finally:
+        hook.remove()
 
 
 def test_token_stats_refuses_groups_of_one(setup, rolled, tmp_path):

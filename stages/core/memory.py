@@ -102,8 +102,15 @@ PROCESS_HOST_GB = 3.0
 VLLM_HOST_GB = 4.0
 """Host memory a vLLM engine adds to its process (scheduler, tokenizer, pinned buffers)."""
 TOKEN_STATS_BATCH = 32
-"""Sequences per teacher-forcing forward of the token-statistics stage
+"""At most this many sequences per teacher-forcing forward of the token-statistics stage
 (stages.core.scoring.response_hidden's batch_size; tests/test_plan.py checks it)."""
+TOKEN_STATS_BATCH_TOKENS = 32768
+"""Token budget of one teacher-forcing forward: sequences x longest prompt + response
+(stages.core.scoring.response_hidden's batch_tokens; tests/test_plan.py checks it)."""
+TOKEN_TABLE_BYTES = 256
+"""Host bytes per response token of the token-statistics stage's per-token values, selection
+grids and table: stages.token_stats.compute's peak RSS grew by 170-220 B per token between files
+of 48k and 145k-193k tokens (tiny model, CPU; writing and figures not measured)."""
 HEAD_BLOCKS = 2
 """float32 blocks of chunk_positions x chunk_vocab alive at once in the head with gradient: the
 logits and their exponentials in the forward, the logits and d/dz in the recomputing backward."""
@@ -590,19 +597,44 @@ def hf_generation_terms(arch: Arch, w: int, sequences: int, seq_len: int) -> lis
             Term("generation logits", 2 * sequences * arch.vocab * 4, "2 x batch x V x 4")]
 
 
+def teacher_forcing_sequences(group: int, seq_len: int, batch_tokens: int = TOKEN_STATS_BATCH_TOKENS) -> int:
+    """Sequences of one teacher-forcing forward (stages.core.scoring.response_hidden): the
+    trainer's packing rule within one group of `group` responses, at most TOKEN_STATS_BATCH, while
+    sequences x seq_len stays within batch_tokens (a longer sequence goes alone)."""
+    return max(1, min(group, TOKEN_STATS_BATCH, batch_tokens // seq_len))
+
+
 def teacher_forcing_terms(arch: Arch, w: int, sequences: int, seq_len: int, chunk_positions: int,
                           chunk_vocab: int) -> list[Term]:
-    """The token-statistics stage's no-gradient forward of one batch (stages.core.scoring.
-    response_hidden: the decoder runs with its default use_cache, so it also builds the batch's
-    KV cache) and its statistics blocks."""
+    """The token-statistics stage on the GPU (stages.core.scoring.stream_statistics): the
+    no-gradient forward of one batch without a KV cache, its hidden states (before they go to the
+    host), the statistics blocks, the deviations' float64 per-key sums and the file's Σp (V,)."""
     t = sequences * seq_len
     d, i = arch.hidden, arch.intermediate
-    return [Term("forward working set", t * w * (3 * d + 3 * i + arch.q_width + 2 * arch.kv_width),
-                 "one layer, no gradient"),
-            Term("batch KV cache", t * kv_bytes_per_token(arch, w), f"{sequences} x {seq_len:,} tokens"),
-            Term("batch hidden states", t * d * w, "wD per token"),
-            Term("statistics blocks", STATS_BLOCKS * chunk_positions * min(chunk_vocab, arch.vocab) * 4,
-                 f"{STATS_BLOCKS} x {chunk_positions} x {min(chunk_vocab, arch.vocab)} x 4")]
+    cp, cv = chunk_positions, min(chunk_vocab, arch.vocab)
+    c = 8 if w == 8 else 4  # the statistics' compute dtype: float32, float64 for a float64 model
+    terms = [Term("forward working set", t * w * (3 * d + 3 * i + arch.q_width + 2 * arch.kv_width),
+                  "one layer, no gradient, no KV cache"),
+             Term("batch hidden states", 2 * t * d * w,
+                  "2wD per token: the last hidden state and its response rows")]
+    if sequences > 1:  # one sequence has no padding: sdpa runs causal without a mask
+        terms.append(Term("attention mask", sequences * seq_len**2 * (1 + w),
+                          f"{sequences} x {seq_len:,}^2 x (1+w): the padding mask, bool and additive"))
+    return terms + [
+        Term("statistics blocks", STATS_BLOCKS * cp * cv * c, f"{STATS_BLOCKS} x {cp} x {cv} x {c}"),
+        Term("deviation key sums", 2 * cp * cv * 8,
+             f"2 x {cp} x {cv} x 8: float64 sums of a block's keys, and S - p leaving one out"),
+        Term("sum of p over the file", 3 * arch.vocab * 8,
+             "3 x V x 8: float64, the file's, a group's and p-bar")]
+
+
+def teacher_forcing_host_terms(arch: Arch, w: int, group_tokens: int, file_tokens: int) -> list[Term]:
+    """The token-statistics stage on the host: one group's hidden states (the only ones alive) and
+    the per-token values of the whole file."""
+    return [Term("group hidden states", group_tokens * arch.hidden * w,
+                 f"{group_tokens:,} tokens (n x max_new_tokens) x wD"),
+            Term("token table", file_tokens * TOKEN_TABLE_BYTES,
+                 f"{file_tokens:,} tokens (prompts x n x max_new_tokens) x {TOKEN_TABLE_BYTES} B")]
 
 
 def with_layout(layout: Layout, **changes) -> Layout:

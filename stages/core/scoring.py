@@ -1,17 +1,29 @@
-"""Teacher forcing: the hidden states that predict each response token, as the trainer sees them.
+"""Teacher forcing: the hidden states that predict each response token, and their statistics
+streamed group by group.
 
-The token-statistics stage and the trainer both score responses through :func:`response_hidden`,
-so the statistics a selector sees are those of the exact forward pass the loss uses.
+The token-statistics and overlap stages score a rollout file through :func:`stream_statistics`:
+the trunk runs in batches of a token budget without a KV cache (:func:`response_hidden`, the
+trainer's packing rule, stages.core.scorer.micro_batches), and only one group's hidden states
+(the responses of one problem) exist at a time, so memory does not grow with the file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor
 
 from .progress import progress
+from .stats import chunked_token_statistics, distribution_sum, jsd_to_mean
+
+BATCH_SEQUENCES = 32
+"""response_hidden: at most this many sequences per forward."""
+BATCH_TOKENS = 32768
+"""response_hidden: sequences × longest prompt + response per forward (a longer sequence goes
+alone). A module constant until token_stats has a key for it."""
+STAT_KEYS = ("logsumexp", "entropy", "renyi2", "max_prob", "logprob")
+"""What stream_statistics always returns (stats.chunked_token_statistics without jsd)."""
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int):
@@ -38,23 +50,119 @@ def trunk_and_head(model):
     return model.get_decoder(), head.weight, head.bias
 
 
-def response_hidden(model, prompts, responses, pad_id: int, batch_size: int = 32,
-                    desc: str | None = None) -> Tensor:
+def response_hidden(model, prompts, responses, pad_id: int, batch_size: int = BATCH_SEQUENCES,
+                    desc: str | None = None, batch_tokens: int | None = BATCH_TOKENS) -> Tensor:
     """Final hidden states (N, D) predicting every response token, in (sequence, position) order.
 
-    Runs without gradient, in the model's dtype and on its device; the result is on the CPU, in
-    the model's dtype, so that at paper scale the model's device holds the model and one block of
-    rows at a time (the statistics move the blocks there). Responses must be non-empty.
+    Runs without gradient and without a KV cache, in the model's dtype and on its device, over
+    consecutive sequences of at most `batch_size` while sequences × longest prompt + response
+    stays within `batch_tokens` (a longer sequence goes alone; None: no token budget). The result
+    is on the CPU, in the model's dtype, so that the model's device holds the model and one batch
+    (the statistics move blocks of rows there). Responses must be non-empty.
     """
+    from .scorer import micro_batches  # the trainer's packing rule; scorer imports this module
+
     trunk, _, _ = trunk_and_head(model)
     device = next(model.parameters()).device
-    order = range(0, len(prompts), batch_size)
-    chunks = []
+    totals = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    starts = [0]
+    for r in responses:
+        starts.append(starts[-1] + len(r))
+    out = None  # (N, D), filled batch by batch: no list of pieces beside their concatenation
     with torch.no_grad():
-        for start in progress(order, desc=desc, unit="batch", leave=False, disable=desc is None):
-            ids, attention, rows, cols = pack(prompts[start : start + batch_size],
-                                              responses[start : start + batch_size], pad_id)
-            hidden = trunk(input_ids=ids.to(device), attention_mask=attention.to(device))
-            hidden = hidden.last_hidden_state  # (b, L, D)
-            chunks.append(hidden[rows.to(device), cols.to(device)].cpu())  # (n, D)
-    return torch.cat(chunks)
+        for mb in progress(micro_batches(totals, batch_size, batch_tokens), desc=desc,
+                           unit="batch", leave=False, disable=desc is None):
+            ids, attention, rows, cols = pack(prompts[mb.start : mb.stop],
+                                              responses[mb.start : mb.stop], pad_id)
+            hidden = trunk(input_ids=ids.to(device), attention_mask=attention.to(device),
+                           use_cache=False).last_hidden_state  # (b, L, D)
+            if out is None:
+                out = torch.empty(starts[-1], hidden.shape[-1], dtype=hidden.dtype)
+            out[starts[mb.start] : starts[mb.stop]].copy_(hidden[rows.to(device), cols.to(device)])
+            del hidden
+    return out
+
+
+def group_members(groups: Sequence[Hashable]) -> list[list[int]]:
+    """The sequence indices of each group, groups in order of first appearance."""
+    members: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    return list(members.values())
+
+
+@torch.no_grad()
+def stream_statistics(model, prompts, responses, groups: Sequence[Hashable], pad_id: int,
+                      temperature: float, needs=frozenset(), *, chunk_positions: int,
+                      chunk_vocab: int, batch_size: int = BATCH_SEQUENCES,
+                      batch_tokens: int | None = BATCH_TOKENS,
+                      desc: str | None = None) -> dict[str, Tensor]:
+    """Per-token statistics (N,) of every response token, in (sequence, position) order, on the
+    CPU in the compute dtype (float32; float64 for a float64 model): always STAT_KEYS; ``jsd``
+    (to the mean distribution of the whole file) and the deviations of scorer.DEVIATIONS
+    (group_jsd: ICT's u, and the readings) that `needs` names.
+
+    groups (B,): the group of each sequence (any hashable, e.g. the problem id). The groups are
+    visited one at a time, in order of first appearance: the trunk gives the group's hidden states
+    (response_hidden), the statistics and the deviations (whose references never leave a group)
+    are computed from them, and they are dropped before the next group's. ``jsd`` needs the whole
+    file's p̄: the first pass adds up Σ p (V,) in float64 (float32 within a block of
+    chunk_positions rows, as stats.distribution_sum), a second pass recomputes each group's
+    hidden states for JSD(p ‖ p̄); without ``jsd`` there is one pass."""
+    from .scorer import DEVIATIONS, deviation  # scorer imports this module
+
+    _, weight, bias = trunk_and_head(model)
+    chunks = {"chunk_positions": chunk_positions, "chunk_vocab": chunk_vocab}
+    forcing = {"batch_size": batch_size, "batch_tokens": batch_tokens}
+    wanted = [name for name in DEVIATIONS if name in needs]
+    lengths = [len(r) for r in responses]
+    starts = torch.tensor([0, *lengths]).cumsum(0).tolist()
+    members = group_members(groups)
+    # (N_g,) the file's token indices of each group's tokens, in the group's order
+    rows = [torch.cat([torch.arange(starts[i], starts[i + 1]) for i in idx]) for idx in members]
+
+    def hidden_of(idx: list[int]) -> Tensor:  # (N_g, D) on the CPU
+        return response_hidden(model, [prompts[i] for i in idx], [responses[i] for i in idx],
+                               pad_id, **forcing)
+
+    def first_pass(idx: list[int]) -> tuple[dict[str, Tensor], Tensor | None]:
+        hidden = hidden_of(idx)
+        ids = torch.tensor([t for i in idx for t in responses[i]], dtype=torch.long)
+        out = chunked_token_statistics(hidden, weight, ids, temperature,
+                                       head_bias=bias, jsd=False, **chunks)
+        lse = out["logsumexp"]
+        total = None
+        if "jsd" in needs:  # float64 across blocks and groups
+            total = sum(distribution_sum(hidden[a : a + chunk_positions], weight, temperature,
+                                         head_bias=bias, logsumexp=lse[a : a + chunk_positions],
+                                         **chunks)[0].double()
+                        for a in range(0, hidden.shape[0], chunk_positions))
+        for name in wanted:  # one group: its references are all within it
+            out[name] = deviation(name, hidden, weight, [0] * len(idx),
+                                  [lengths[i] for i in idx], temperature, head_bias=bias,
+                                  logsumexp=lse, **chunks)
+        return {k: v.cpu() for k, v in out.items()}, total
+
+    parts: dict[str, list[Tensor]] = {}
+    total = None
+    for idx in progress(members, desc=desc, unit="group", disable=desc is None):
+        out, part = first_pass(idx)
+        for key, value in out.items():
+            parts.setdefault(key, []).append(value)
+        if part is not None:
+            total = part if total is None else total + part
+    if "jsd" in needs:  # the second pass: the trunk again, group by group
+        mean = total / starts[-1]  # p̄ (V,) float64
+        parts["jsd"] = []
+        for idx, lse in zip(progress(members, desc=desc and f"{desc} (p̄)", unit="group",
+                                     disable=desc is None), parts["logsumexp"], strict=True):
+            parts["jsd"].append(jsd_to_mean(hidden_of(idx), weight, mean, temperature,
+                                            head_bias=bias, logsumexp=lse.to(weight.device),
+                                            **chunks).cpu())
+    order = torch.cat(rows)  # (N,) the file index of each value in group order
+    result = {}
+    for key, values in parts.items():
+        flat = torch.cat(values)
+        result[key] = torch.empty_like(flat)
+        result[key][order] = flat
+    return result
