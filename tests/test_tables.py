@@ -55,6 +55,8 @@ def value(size, method, bench, k):
 
 def config(default_raw, ablations=True):
     raw = copy.deepcopy(default_raw)
+    raw["experiment"].update(sizes=["tiny-s", "tiny-m"], seeds=[0])  # the fixture's grid
+    raw["token_stats"]["overlap_top"] = 0.2
     raw["experiment"]["methods"] = ["grpo", "entropy20", "stapo", "ict"] + (
         ["ict-rho0.2", "jsd-token-id", "random10"] if ablations else [])
     raw["evaluate"]["main_methods"] = ["grpo", "entropy20", "stapo", "ict"]
