@@ -646,8 +646,10 @@ class Config(Strict):
             _check_method(name, method, self.train_for(name), name in exp.methods)
         for size in exp.sizes:
             for name in exp.methods:  # every training job's section validates
-                _check_method(name, self.methods[name], self.train_for(name, size), True)
-                _check_layout(size, self.models[size], self.train_for(name, size))
+                job = self.train_for(name, size)
+                _check_method(name, self.methods[name], job, True)
+                _check_layout(size, self.models[size], job)
+                _check_overlong(self, job, "train" if job is self.train else f"methods.{name}.train")
         for i, name in enumerate(self.evaluate.curve_benchmarks or []):
             if name not in exp.benchmarks:
                 raise _RefError(f"evaluate.curve_benchmarks.{i}", f"{name!r} is not in experiment.benchmarks")
@@ -750,6 +752,17 @@ def _apply(train: Train, changes: dict, where: str) -> Train:
         else:
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
         raise _RefError(where + (f".{loc}" if loc else ""), msg) from None
+
+
+def _check_overlong(cfg: Config, train: Train, where: str) -> None:
+    """DAPO's overlong buffer is shorter than every training dataset's response limit."""
+    if train.overlong_buffer is None:
+        return
+    for name in cfg.experiment.train_datasets:
+        limit = cfg.datasets[name].max_response_tokens
+        if limit is not None and train.overlong_buffer >= limit:
+            raise _RefError(f"{where}.overlong_buffer", f"{train.overlong_buffer} is not shorter than "
+                            f"datasets.{name}.max_response_tokens ({limit})")
 
 
 def _check_graders(cfg: Config) -> None:

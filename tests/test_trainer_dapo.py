@@ -192,6 +192,8 @@ def test_a_scored_grader_gives_the_reward_and_the_penalty_only_the_reward(test_r
      "train.max_sampling_rounds: Input should be greater than or equal to 1"),
     (lambda r: r["train"].update(overlong_buffer=32),
      "train.overlong_buffer: 32 is not shorter than max_response_tokens (32)"),
+    (lambda r: (r["train"].update(overlong_buffer=8), r["datasets"]["rl"].update(max_response_tokens=8)),
+     "train.overlong_buffer: 8 is not shorter than datasets.rl.max_response_tokens (8)"),
     (lambda r: r["datasets"]["rl"].update(grader="dapo"), "datasets.rl.grader: unknown grader 'dapo'"),
     (lambda r: r["evaluate"].update(graders=["x"]), "evaluate.graders.0: unknown grader 'x'"),
     (lambda r: (r["datasets"]["rl"].update(grader="math_dapo"), r["train"].update(reward_incorrect=-1.0)),
