@@ -34,7 +34,14 @@ equally many generate() calls; scoring, the actor and the reference padded to th
 micro-batches of any rank); the reference model is partitioned too (when KL is on); the vLLM
 engine receives the weights one gathered group at a time; `final/` and the checkpoints are
 gathered from the shards the same way (`train.offload_params` / `offload_optimizer`: DeepSpeed's
-CPU offload).
+CPU offload); the policy and the reference are partitioned as they load, so no rank holds a whole
+model.
+`train.sequence_parallel` k (DeepSpeed Ulysses): groups of k consecutive ranks hold the same
+sequences, each running a slice of their positions; prompts split over the world / k
+data-parallel ranks, the ranks of a group sample a share of their prompts each and exchange the
+graded groups (stages.core.rollouts), and the scorer and the actor gather what spans positions
+within the group. `train.padding_free`: a micro-batch is one row of its sequences back to back
+(position ids from 0 in each), costing its tokens against `micro_batch_tokens`.
 Outputs in --out-dir: `final/` (Hugging Face layout, tokenizer, resolved config), `metrics.parquet`
 (one row per step), `summary.json`, and `model.json` last ({"kind": "scratch", "path": "final"}).
 Every `checkpoint_every` steps the DeepSpeed state goes to --resume-dir, a folder Snakemake does
@@ -64,8 +71,10 @@ from .core.engine import (
     Dist,
     build_engine,
     build_reference,
+    float32_rotary,
     free_port,
     init_distributed,
+    partitioned_loading,
     resolve_launch,
 )
 from .core.io import (
@@ -291,13 +300,14 @@ def save_state(engine, resume_dir: Path, state: dict, dist: Dist) -> None:
     """A DeepSpeed checkpoint, then (rank 0) the state file pointing at it, then old ones removed."""
     tag = f"step{state['step']:06d}"
     engine.save_checkpoint(str(resume_dir), tag=tag, save_latest=False)
-    dist.barrier()
-    if dist.rank == 0:
+    job = dist.job  # the job's rank 0 writes (every sequence-parallel rank has data-parallel rank 0)
+    job.barrier()
+    if job.rank == 0:
         write_json(resume_dir / STATE_FILE, {**state, "tag": tag})
         for old in resume_dir.glob("step*"):
             if old.is_dir() and old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    job.barrier()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,10 +326,20 @@ def check_args(args, cfg: Config) -> Method:
 
 
 def check_layout(cfg: Config, method: Method, method_name: str, world: int) -> None:
+    """The job's `world` processes form groups of train.sequence_parallel ranks that hold the same
+    sequences; a mini-batch's prompts split over the world / sequence_parallel data-parallel
+    ranks."""
     t = cfg.train
-    if t.mini_batch_prompts % world:
+    if world % t.sequence_parallel:
+        raise ConfigError(f"train.sequence_parallel: {t.sequence_parallel} does not divide the "
+                          f"job's {world} processes")
+    dp = world // t.sequence_parallel
+    if t.mini_batch_prompts % dp:
+        where = f"{world} processes" if dp == world else (
+            f"the {dp} data-parallel ranks of {world} processes (train.sequence_parallel "
+            f"{t.sequence_parallel})")
         raise ConfigError(f"train.mini_batch_prompts: {t.mini_batch_prompts} does not split over "
-                          f"{world} processes")
+                          f"{where}")
 
 
 def main(args, cfg: Config) -> None:
@@ -336,14 +356,22 @@ def main(args, cfg: Config) -> None:
     from .core.modeling import load_model_and_tokenizer
     from .core.samplers import HfPolicySampler, VllmPolicySampler
 
+    # ZeRO-3 partitions the models as they load, in the process group; other stages start it
+    # once the models have loaded (one that does not load then leaves no process group behind)
+    zero3 = tcfg.zero_stage == 3
+    dist = init_distributed(launch, tcfg.sequence_parallel) if zero3 else None
     dtype = torch.bfloat16 if tcfg.dtype == "bfloat16" else torch.float32
-    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=str(launch.device))
+    with partitioned_loading(tcfg):  # ZeRO-3: no rank ever holds a whole model
+        model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=str(launch.device))
+        ref_model = None
+        if tcfg.loss.kl_beta > 0:
+            ref_model, _ = load_model_and_tokenizer(args.model, dtype=dtype,
+                                                    device=str(launch.device))
+            float32_rotary(ref_model).set_attn_implementation(tcfg.attn_implementation)
+    float32_rotary(model).set_attn_implementation(tcfg.attn_implementation)
     check_dropout(model, args.model)
     if tcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ref_model = None
-    if tcfg.loss.kl_beta > 0:
-        ref_model, _ = load_model_and_tokenizer(args.model, dtype=dtype, device=str(launch.device))
     pool = prompt_pool(cfg, args.prompts)
     sizes = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pool.prompts]
     longest = max(sizes)
@@ -359,13 +387,13 @@ def main(args, cfg: Config) -> None:
     run_seed = seed_of(cfg.seed, args.seed)
     torch.manual_seed(run_seed)
 
-    dist = init_distributed(launch)
-    engine = build_engine(model, tcfg, dist.world)
+    if dist is None:
+        dist = init_distributed(launch, tcfg.sequence_parallel)  # the data-parallel group
+    engine = build_engine(model, tcfg, dist.world, sp=dist.sp)
     engine.train()
     policy = engine.module  # the Policy: trunk and head of the causal LM
     if ref_model is not None:
-        ref_model = build_reference(ref_model, tcfg)
-    zero3 = tcfg.zero_stage == 3
+        ref_model = build_reference(ref_model, tcfg, sp=dist.sp)
     start, consumed, rows = 0, 0, []
     if state is not None:
         path, _ = engine.load_checkpoint(str(resume_dir), tag=state["tag"], load_optimizer_states=True,
@@ -377,19 +405,19 @@ def main(args, cfg: Config) -> None:
                      args.seed, start, resume_dir)
     if tcfg.backend == "vllm":
         sampler = VllmPolicySampler(
-            args.model, policy.lm, tokenizer, world_size=dist.world, seed=run_seed,
+            args.model, policy.lm, tokenizer, world_size=dist.job.world, seed=run_seed,
             gpu_memory_utilization=tcfg.vllm_gpu_memory_utilization,
             max_model_len=longest + max(pool.limits),
             dtype="bfloat16" if tcfg.dtype == "bfloat16" else "float32",
             batch_invariant=tcfg.batch_invariant,
             tensor_parallel_size=cfg.models[args.size].train_tensor_parallel_size)
-    else:  # generate() of the engine's own module; under ZeRO-3 ranks generate in step
+    else:  # generate() of the engine's own module; under ZeRO-3 every rank generates in step
         sampler = HfPolicySampler(policy.lm, tokenizer, tcfg.generation_batch_size,
-                                  dist=dist if zero3 and dist.world > 1 else None)
+                                  dist=dist.job if zero3 and dist.job.world > 1 else None)
 
     peak_lr = cfg.models[args.size].lr
     began = time.perf_counter()
-    bar = cli_progress(start, tcfg.steps, f"train {args.size}/{args.method}", dist.rank)
+    bar = cli_progress(start, tcfg.steps, f"train {args.size}/{args.method}", dist.job.rank)
     for step in range(start, tcfg.steps):
         t0 = time.perf_counter()
         for group in engine.optimizer.param_groups:
@@ -407,7 +435,7 @@ def main(args, cfg: Config) -> None:
         if tcfg.save_every and done % tcfg.save_every == 0 and done < tcfg.steps:
             save_model(policy, tokenizer, cfg, args, out_dir / checkpoint_name(done), dist)
         if done % tcfg.checkpoint_every == 0 and done < tcfg.steps:
-            save_state(engine, resume_dir, {"fingerprint": expected, "world_size": dist.world,
+            save_state(engine, resume_dir, {"fingerprint": expected, "world_size": dist.job.world,
                                             "step": done, "consumed": consumed, "metrics": rows},
                        dist)
     bar.close()
@@ -436,13 +464,14 @@ def checkpoint_steps(tcfg: Train) -> list[int]:
 
 def save_model(policy, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -> None:
     """A Hugging Face copy of the policy (rank 0) with a model.json pointing at it, for evaluation."""
-    state = full_state_dict(policy.lm, keep=dist.rank == 0)  # every rank: gathered under ZeRO-3
-    if dist.rank == 0:
+    job = dist.job
+    state = full_state_dict(policy.lm, keep=job.rank == 0)  # every rank: gathered under ZeRO-3
+    if job.rank == 0:
         with atomic_dir(folder) as tmp:
             policy.lm.save_pretrained(tmp / "model", state_dict=state)
             tokenizer.save_pretrained(tmp / "model")
             write_json(tmp / "model.json", {"kind": "scratch", "path": "model"})
-    dist.barrier()
+    job.barrier()
 
 
 def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Update], dist: Dist,
@@ -497,18 +526,19 @@ def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path
     """Write final/ (the full weights, gathered from the shards under ZeRO-3), metrics.parquet,
     summary.json and (last) model.json; drop the resume state."""
     lm = engine.module.lm
-    state = full_state_dict(lm, keep=dist.rank == 0)
+    job = dist.job  # its rank 0 writes
+    state = full_state_dict(lm, keep=job.rank == 0)
     prov = provenance("train", STAGE_VERSION, cfg.section_hash(*config_keys(cfg, args.size, args.method)),
                       cfg.seed, size=args.size, method=args.method, run_seed=args.seed,
-                      world_size=dist.world)
+                      world_size=job.world)
     last = rows[-1]
     summary = {
         "size": args.size, "method": args.method, "seed": args.seed,
-        "steps": cfg.train.steps, "resumed_at_step": start, "world_size": dist.world,
+        "steps": cfg.train.steps, "resumed_at_step": start, "world_size": job.world,
         "torch_threads": torch.get_num_threads(), "train_seconds": round(seconds, 1),
         "final_reward_mean": last["reward_mean"], "final_accuracy": last["accuracy"],
     }
-    if dist.rank == 0:
+    if job.rank == 0:
         with atomic_dir(out_dir / "final") as tmp:
             lm.save_pretrained(tmp, state_dict=state)
             tokenizer.save_pretrained(tmp)
@@ -521,7 +551,7 @@ def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path
         shutil.rmtree(resume_dir, ignore_errors=True)
         cli.log.info("%s/%s seed %d: %d steps in %.0f s, last reward %.3f -> %s", args.size,
                      args.method, args.seed, cfg.train.steps, seconds, last["reward_mean"], out_dir)
-    dist.barrier()
+    job.barrier()
 
 
 def build_parser():

@@ -21,6 +21,10 @@
    waiting in either waits forever.
 5. DeepSpeed reduces the gradients (float32) across ranks, clips them and steps AdamW.
 
+Sequence parallelism (the Policy's Layout): the ranks of a group hold the same mini-batch; each
+runs its slice of every micro-batch's positions and back-propagates the loss of the selected
+tokens that slice predicts, so the group's terms add up to one rank's.
+
 `methods.<m>.selection_scope: microbatch` replaces 1-2 by the released 80/20 code's scope: each
 micro-batch ranks its own tokens, scored by the current policy in that micro-batch's own forward
 pass (entropy from the hidden states it back-propagates through), and its loss is the mean over
@@ -36,11 +40,11 @@ import torch
 from torch import Tensor
 
 from ..config import Config, Loss, Method
-from .engine import Dist
+from .engine import Dist, gradient_world
 from .losses import clipped_surrogate, k3_kl, loss_weights
 from .policy import as_policy
 from .rollouts import Rollouts
-from .scorer import Chunks, forward_plan, head_logprob, micro_batches, response_rows, trunk_hidden
+from .scorer import Chunks, forward_plan, head_logprob, micro_batches, sp_assemble, trunk_hidden
 from .selectors import STATISTICS, SelectionInput, grid, select_tokens, valid_grid
 from .stats import chunked_token_statistics
 
@@ -112,9 +116,11 @@ def micro_loss(logp: Tensor, old: Tensor, advantages: Tensor, weights: Tensor, l
     detached; not the current log-prob, and not the on-policy old = logp.detach(), whose weight
     would always be 1), sampler: the sampler's own — and 1 otherwise. ψ multiplies the
     policy-gradient term after clipping and dual-clip, never the KL and never the normaliser.
-    DeepSpeed averages gradients over ranks while the mini-batch loss is a sum over them, so the
-    term is Σ w ℓ × world: the sum of the micro-batches' values over every rank is the
-    mini-batch's loss (METHODS §4)."""
+    DeepSpeed sums gradients over every rank and divides by `world` (engine.gradient_world: the
+    data-parallel world, or under ZeRO-3 every rank), while the mini-batch loss is a sum over
+    the ranks' parts, so the term is Σ w ℓ × world: the sum of the micro-batches' values over
+    every rank is the mini-batch's loss (METHODS §4). Under sequence parallelism each rank's
+    part is the loss of the tokens its slice of positions predicts."""
     token_loss, clipped = clipped_surrogate(logp, old, advantages, loss.eps_low, loss.eps_high,
                                             loss.dual_clip)
     truncated = 0
@@ -169,20 +175,26 @@ def _micro_scope_select(method: Method, hidden_rows: Tensor, ids: Tensor, length
     return mask[valid], {k: v.float().cpu() for k, v in stats.items()}
 
 
-def _selected_logprob(head, rows: Tensor, tokens: Tensor, *, pick: Tensor | None, method: Method,
+def _selected_logprob(head, rows: Tensor, tokens: Tensor, *, chosen: Tensor | None,
+                      owned: Tensor, method: Method, scope_rows: Tensor, scope_tokens: Tensor,
                       lengths: list[int], advantages: Tensor, temperature: float, chunks: Chunks,
                       generator: torch.Generator) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """The head's part of one micro-batch, run inside the Policy's forward: the micro-batch
-    scope's selection when `pick` is None (rows and tokens: all of the micro-batch's response
-    tokens), then log p (n_sel,) of the picked rows with gradient. Returns (log p, pick, the
-    micro-batch scope's statistics or {})."""
+    """The head's part of one micro-batch, run inside the Policy's forward.
+
+    rows (n_owned, D), tokens (n_owned,): this rank's response tokens of the micro-batch (all of
+    them without sequence parallelism), owned (n_owned,) their indices among its N tokens.
+    chosen (N,) bool: the selection over the micro-batch's tokens; None: the micro-batch scope's
+    own, made here from scope_rows (N, D) and scope_tokens (N,), every token's hidden state of
+    this very forward (detached; gathered from the sequence-parallel group). Returns (log p
+    (n_sel,) with gradient of this rank's chosen tokens, chosen, the micro-batch scope's
+    statistics or {})."""
     mstats: dict[str, Tensor] = {}
-    if pick is None:
-        chosen, mstats = _micro_scope_select(method, rows, tokens, lengths, advantages, head,
-                                             temperature, chunks, generator)
-        pick = chosen.nonzero().squeeze(1).to(rows.device)
+    if chosen is None:
+        chosen, mstats = _micro_scope_select(method, scope_rows, scope_tokens, lengths, advantages,
+                                             head, temperature, chunks, generator)
+    pick = chosen.to(owned.device)[owned].nonzero().squeeze(1)  # (n_sel,) among the owned rows
     logp = head_logprob(head, rows[pick], tokens[pick], temperature, chunks)
-    return logp, pick, mstats
+    return logp, chosen, mstats
 
 
 def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
@@ -193,9 +205,16 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
     stats: per-token scores of mb's tokens (flat (N,)) for the selector; mb.stats: the sampling
     policy's (old log-probs when not on-policy); mb.sampler_logprobs: the sampler's own.
     engine.module and ref_model: Policies; each forward call runs the trunk, then the head inside
-    the Policy's forward (gathered there under ZeRO-3), the policy's through the engine."""
+    the Policy's forward (gathered there under ZeRO-3), the policy's through the engine.
+
+    dist: the data-parallel group. With sequence parallelism (the Policy's Layout) the ranks of
+    a sequence-parallel group hold the same mini-batch and run the same micro-batches; each
+    computes the loss of the selected tokens its slice of positions predicts (the micro-batch
+    scope selects from the whole micro-batch's hidden states, gathered in the group), so the
+    group's terms add up to the one-rank term; the reported sums add over the group too."""
     tcfg, loss_cfg = cfg.train, cfg.train.loss
     model, device, temp = as_policy(engine.module), dist.device, tcfg.temperature
+    sp = model.layout.sp
     ref = None if ref_model is None else as_policy(ref_model)
     chunks = Chunks(cfg.token_stats.chunk_positions, cfg.token_stats.chunk_vocab)
     micro_scope = method.selection_scope == "microbatch" and not dense
@@ -204,10 +223,12 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
     adv_tok = mb.advantages.float().repeat_interleave(torch.tensor(mb.lengths, dtype=torch.long))
     starts = torch.tensor([0] + mb.lengths).cumsum(0).tolist()
     totals = [len(p) + len(r) for p, r in zip(mb.prompt_ids, mb.response_ids, strict=True)]
-    plan = forward_plan(micro_batches(totals, tcfg.micro_batch_size, tcfg.micro_batch_tokens),
+    plan = forward_plan(micro_batches(totals, tcfg.micro_batch_size, tcfg.micro_batch_tokens,
+                                      model.layout.padding_free),
                         dist.max if dist.world > 1 else None)
     if tcfg.tis_cap is not None and mb.sampler_logprobs is None:
         raise ValueError("train.tis_cap: the sampler gave no log-probs of its tokens")
+    divisor = gradient_world(tcfg, dist)
     total, clipped_n, kl_sum, truncated = 0.0, 0, 0.0, 0
     picked_local = torch.zeros(len(ids), dtype=torch.bool)
     micro_stats: dict[str, list[Tensor]] = {"entropy": [], "renyi2": []}
@@ -219,29 +240,37 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
         responses = [mb.response_ids[i] for i in seqs]
         a, b = (0, 0) if padding else (starts[m.start], starts[m.stop])
         advantages = mb.advantages[:0] if padding else mb.advantages[m.start:m.stop]
-        hidden, flat = trunk_hidden(model, prompts, responses, pad_id, device)
-        rows = response_rows(hidden, flat)  # (n, D) every response token of the micro-batch
+        trunk = trunk_hidden(model, prompts, responses, pad_id, device)
+        rows = trunk.rows()  # (n_owned, D) this rank's response tokens of the micro-batch
+        owned = trunk.owned_index  # (n_owned,) their indices among the micro-batch's
         tokens = ids[a:b].to(device)
         if padding:
-            pick = torch.zeros(0, dtype=torch.long, device=device)
+            chosen = torch.zeros(0, dtype=torch.bool)
         elif micro_scope:
-            pick = None  # chosen inside the head call, from this very forward's hidden states
+            chosen = None  # chosen inside the head call, from this very forward's hidden states
         else:
-            pick = sel.selected[a:b].nonzero().squeeze(1).to(device)  # (n_sel,) within the micro-batch
+            chosen = sel.selected[a:b]  # (n,) within the micro-batch
+        scope_rows = None
+        if chosen is None:
+            scope_rows = sp_assemble(rows.detach(), trunk.owned.to(rows.device), sp)
         # through the engine: DeepSpeed counts micro-batches in its forward (ZeRO-3 accumulates
         # a micro-batch's gradients onto the previous ones only when one ran in between)
-        logp, pick, mstats = engine(rows, tokens, fn=_selected_logprob, pick=pick, method=method,
-                                    lengths=[len(r) for r in responses], advantages=advantages,
-                                    temperature=temp, chunks=chunks, generator=generator)
-        pick = pick.cpu()
+        logp, chosen, mstats = engine(rows, tokens[owned.to(device)], fn=_selected_logprob,
+                                      chosen=chosen, owned=owned.to(device), method=method,
+                                      scope_rows=scope_rows, scope_tokens=tokens,
+                                      lengths=[len(r) for r in responses], advantages=advantages,
+                                      temperature=temp, chunks=chunks, generator=generator)
+        chosen = chosen.cpu()
         for key in mstats.keys() & micro_stats.keys():
             micro_stats[key].append(mstats[key])
         if not padding:
-            picked_local[a:b][pick] = True
+            picked_local[a:b] = chosen
+        mine = chosen[owned.cpu()].nonzero().squeeze(1)  # among the owned rows
+        pick = owned.cpu()[mine]  # (n_sel,) this rank's chosen tokens, within the micro-batch
         tokens = tokens[pick.to(device)]
         old = logp.detach() if on_policy else mb.stats["logprob"][a:b][pick].to(device, logp.dtype)
         if micro_scope and not padding:  # its own selected tokens, scaled by its share of the rank's sequences
-            n_pick = max(int(pick.numel()), 1)
+            n_pick = max(int(chosen.sum()), 1)
             weights = torch.full((int(pick.numel()),), len(m) / len(mb.response_ids) / n_pick / dist.world,
                                  dtype=torch.float64)
         elif padding:
@@ -251,21 +280,21 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
         ref_logp = None
         if loss_cfg.kl_beta > 0:
             with torch.no_grad():
-                rh, rf = trunk_hidden(ref, prompts, responses, pad_id, device)
-                ref_logp = ref(response_rows(rh, rf, pick), tokens, fn=head_logprob,
-                               temperature=temp, chunks=chunks)
+                rt = trunk_hidden(ref, prompts, responses, pad_id, device)
+                ref_logp = ref(rt.rows(mine), tokens, fn=head_logprob, temperature=temp,
+                               chunks=chunks)
         tis = {}
         if tcfg.tis_cap is not None:
             tis = {"sampling": mb.stats["logprob"][a:b][pick].to(device),
                    "sampler": mb.sampler_logprobs[a:b][pick].to(device), "tis_cap": tcfg.tis_cap}
         term, value, clipped, kl, cut = micro_loss(logp, old, adv_tok[a:b][pick].to(device),
-                                                   weights.to(device), loss_cfg, dist.world, ref_logp, **tis)
+                                                   weights.to(device), loss_cfg, divisor, ref_logp, **tis)
         engine.backward(term)
         total += value
         clipped_n += clipped
         kl_sum += kl
         truncated += cut
-        del hidden, rows, logp, term
+        del trunk, rows, logp, term
     grad_norm = None
     if tcfg.zero_stage == 0:  # ZeRO-0 keeps reduced full gradients on every rank
         grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
@@ -273,7 +302,9 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
     engine.step()
     if grad_norm is None:
         grad_norm = float(engine.get_global_grad_norm() or 0.0)
-    sums = dist.sum(torch.tensor([total, clipped_n, kl_sum, truncated], dtype=torch.float64))
+    # each rank's part of the loss: its own tokens (its slice of the positions under sequence
+    # parallelism), so the sums run over the sequence-parallel group, then the data-parallel one
+    sums = dist.sum(dist.sp.sum(torch.tensor([total, clipped_n, kl_sum, truncated], dtype=torch.float64)))
     if micro_scope:
         lengths_all = torch.cat(dist.gather(torch.tensor(mb.lengths, dtype=torch.long)))
         valid = valid_grid(lengths_all)

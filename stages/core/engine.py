@@ -4,7 +4,13 @@
 :func:`resolve_launch` reads the launcher's environment and checks the GPUs the config asks for;
 :func:`build_engine` wraps the policy (stages.core.policy.Policy: trunk and head in one module) in
 DeepSpeed with a client torch AdamW, ZeRO 0-3, and :func:`build_reference` partitions the frozen
-reference under ZeRO-3. The vLLM engine that shares the GPU with training (weight sync, sleep
+reference under ZeRO-3 (:func:`partitioned_loading`: both are partitioned while they load).
+
+Sequence parallelism (train.sequence_parallel = k): the job's ranks form groups of k consecutive
+ranks that hold the same sequences, each running a slice of their positions (DeepSpeed's Ulysses
+attention, stages.core.policy); the data-parallel group of a rank is the ranks at its place in
+every group. :class:`Dist` is that data-parallel group, with its sequence-parallel group and the
+whole job beside it. The vLLM engine that shares the GPU with training (weight sync, sleep
 and wake) is in stages.core.samplers.
 """
 
@@ -13,20 +19,30 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..config import Config, ConfigError, Train
-from .policy import as_policy
+from .policy import Layout, as_policy, install_ulysses
 
 
 class Dist:
-    """The data-parallel ranks of this job; with one process every collective is the identity."""
+    """A group of the job's ranks: by default its data-parallel group (the ranks that hold
+    different sequences); with one rank every collective is the identity.
 
-    def __init__(self, rank: int, world: int, device: torch.device) -> None:
-        self.rank, self.world, self.device = rank, world, device
+    `group`: the torch process group (None: every rank of the job). `sp`: this rank's
+    sequence-parallel group (ranks that hold the same sequences, each running a slice of their
+    positions; a group of one without sequence parallelism). `job`: every rank of the job.
+    Without sequence parallelism the data-parallel group is the job."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, group=None, *,
+                 sp: Dist | None = None, job: Dist | None = None) -> None:
+        self.rank, self.world, self.device, self.group = rank, world, device, group
+        self.sp = sp if sp is not None else (self if world == 1 else Dist(0, 1, device))
+        self.job = job if job is not None else self
 
     def sum(self, t: Tensor) -> Tensor:
         if self.world == 1:
@@ -34,7 +50,7 @@ class Dist:
         import torch.distributed as dist
 
         buf = t.to(self.device).clone()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=self.group)
         return buf.to(t.device)
 
     def min(self, value: int) -> int:
@@ -49,7 +65,7 @@ class Dist:
         import torch.distributed as dist
 
         buf = torch.tensor([value], dtype=torch.long, device=self.device)
-        dist.all_reduce(buf, op=getattr(dist.ReduceOp, op))
+        dist.all_reduce(buf, op=getattr(dist.ReduceOp, op), group=self.group)
         return int(buf.item())
 
     def gather(self, t: Tensor) -> list[Tensor]:
@@ -60,16 +76,26 @@ class Dist:
 
         n = torch.tensor([t.numel()], dtype=torch.long, device=self.device)
         sizes = [torch.zeros_like(n) for _ in range(self.world)]
-        dist.all_gather(sizes, n)
+        dist.all_gather(sizes, n, group=self.group)
         sizes = [int(s.item()) for s in sizes]
         padded = torch.zeros(max(sizes), dtype=t.dtype, device=self.device)
         padded[: t.numel()] = t.to(self.device)
         parts = [torch.empty_like(padded) for _ in range(self.world)]
-        dist.all_gather(parts, padded)
+        dist.all_gather(parts, padded, group=self.group)
         return [p[:k].to(t.device) for p, k in zip(parts, sizes, strict=True)]
 
     def cat(self, t: Tensor) -> Tensor:
         return torch.cat(self.gather(t))
+
+    def objects(self, obj) -> list:
+        """Every rank's picklable `obj`, in rank order."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
 
     def exchange(self, outgoing: list[list]) -> list:
         """Send the objects outgoing[r] to rank r (every rank calls this); returns what this rank
@@ -81,7 +107,8 @@ class Dist:
         received: list = []
         for src in range(self.world):
             box = [None]
-            dist.scatter_object_list(box, outgoing if self.rank == src else None, src=src)
+            dist.scatter_object_list(box, outgoing if self.rank == src else None,
+                                     group=self.group, group_src=src)
             received += box[0]
         return received
 
@@ -89,8 +116,19 @@ class Dist:
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.barrier()
+            dist.barrier(group=self.group)
 
+
+def parallel_groups(world: int, sequence_parallel: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(sequence-parallel groups, data-parallel groups) of the job's ranks: sequence-parallel
+    groups are blocks of consecutive ranks (as DeepSpeed's parallel_state_sp makes them, and
+    as the ranks of one node come), a data-parallel group takes the same place in every block."""
+    if world % sequence_parallel:
+        raise ConfigError(f"train.sequence_parallel: {sequence_parallel} does not divide the "
+                          f"job's {world} processes")
+    sp = [list(range(g, g + sequence_parallel)) for g in range(0, world, sequence_parallel)]
+    dp = [list(range(j, world, sequence_parallel)) for j in range(sequence_parallel)]
+    return sp, dp
 
 
 def free_port() -> int:
@@ -146,8 +184,13 @@ def resolve_launch(cfg: Config, size: str) -> Launch:
     return Launch(rank, world, local, torch.device("cuda", local), "nccl")
 
 
-def init_distributed(launch: Launch) -> Dist:
-    """Start (or join) the process group through DeepSpeed."""
+def init_distributed(launch: Launch, sequence_parallel: int = 1) -> Dist:
+    """Start (or join) the process group through DeepSpeed; returns the data-parallel group.
+
+    With sequence parallelism (k > 1 ranks per sequence) DeepSpeed's sequence-parallel groups are
+    made here (parallel_state_sp, the `mpu` that build_engine hands to DeepSpeed: ZeRO partitions
+    and reduces over every rank, and averages gradients over the world / k data-parallel ranks),
+    and the data-parallel groups beside them."""
     if "RANK" not in os.environ:  # a plain `python -m stages.train`
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
@@ -165,28 +208,48 @@ def init_distributed(launch: Launch) -> Dist:
         deepspeed.ops.__compatible_ops__ = {}
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend=launch.backend, verbose=False)
-    return Dist(launch.rank, launch.world, launch.device)
+    job = Dist(launch.rank, launch.world, launch.device)
+    if sequence_parallel == 1:
+        return job
+    import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
+
+    sp_ranks, dp_ranks = parallel_groups(launch.world, sequence_parallel)
+    mpu.initialize_sequence_parallel(sequence_parallel)
+    sp = Dist(launch.rank % sequence_parallel, sequence_parallel, launch.device,
+              mpu.get_sequence_parallel_group())
+    dp_group = None
+    for ranks in dp_ranks:  # every rank makes every group
+        group = dist.new_group(ranks)
+        if launch.rank in ranks:
+            dp_group = group
+    return Dist(launch.rank // sequence_parallel, len(sp_ranks), launch.device, dp_group, sp=sp,
+                job=job)
 
 
-def build_engine(model, tcfg: Train, world: int):
+def build_engine(model, tcfg: Train, world: int | None = None, sp: Dist | None = None):
     """DeepSpeed around the policy (a Policy: the causal LM's trunk and head in one module) with a
     client torch AdamW (DeepSpeed's own would JIT-compile). Under ZeRO-3 the head's parameters
-    are registered as external parameters of the Policy, which is where the scorer reads them."""
+    are registered as external parameters of the Policy, which is where the scorer reads them.
+    `sp`: the sequence-parallel group (Dist.sp) when train.sequence_parallel > 1."""
     import deepspeed
 
     policy = as_policy(model)
+    policy.layout = layout(policy, tcfg, sp)
     if tcfg.zero_stage == 3:
         policy.register_head()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config(tcfg))
+    engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config(tcfg),
+                                      mpu=_mpu(tcfg))
     return engine
 
 
-def build_reference(model, tcfg: Train):
-    """The frozen reference policy (a Policy): under ZeRO-3 partitioned like the policy, by a
-    DeepSpeed engine without an optimizer (as TRL prepares its reference), whose forwards gather
-    collectively too; otherwise the model itself, whole on every rank."""
+def build_reference(model, tcfg: Train, sp: Dist | None = None):
+    """The frozen reference policy (a Policy, fed as the policy is): under ZeRO-3 partitioned like
+    the policy, by a DeepSpeed engine without an optimizer (as TRL prepares its reference), whose
+    forwards gather collectively too; otherwise the model itself, whole on every rank."""
     policy = as_policy(model)
+    policy.layout = layout(policy, tcfg, sp)
     policy.requires_grad_(False)
     policy.eval()
     if tcfg.zero_stage != 3:
@@ -197,9 +260,80 @@ def build_reference(model, tcfg: Train):
     config = ds_config(tcfg)
     config["zero_optimization"].pop("offload_optimizer", None)
     config.pop("zero_force_ds_cpu_optimizer", None)
-    engine, *_ = deepspeed.initialize(model=policy, config=config)
+    engine, *_ = deepspeed.initialize(model=policy, config=config, mpu=_mpu(tcfg))
     engine.eval()
     return engine.module
+
+
+@contextmanager
+def partitioned_loading(tcfg: Train):
+    """Under ZeRO-3, a model loaded inside is partitioned as it loads (transformers'
+    HfDeepSpeedConfig: from_pretrained builds it in deepspeed.zero.Init and gives each rank its
+    shards of the checkpoint), so no rank ever holds the whole model; build_engine and
+    build_reference then take the shards as they are. zero.Init makes every floating tensor in
+    the training dtype, buffers too: pass each model loaded inside through
+    :func:`float32_rotary`. The process group must exist (init_distributed). Otherwise
+    nothing."""
+    if tcfg.zero_stage != 3:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+
+    config = HfDeepSpeedConfig(ds_config(tcfg))  # transformers keeps a weak reference to it
+    try:
+        yield
+    finally:
+        del config  # later from_pretrained and generate() calls see no ZeRO-3 config
+
+
+def float32_rotary(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its rotary embeddings' inverse frequencies recomputed in float32, as
+    transformers makes them outside deepspeed.zero.Init (which makes them bf16 in a bf16 job:
+    angles off by up to ~1e-3 × position radians), on the device they were on."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for module in model.modules():
+        if not (hasattr(module, "original_inv_freq") and hasattr(module, "rope_type")):
+            continue
+        init = {"axial": getattr(module, "compute_axial_rope_parameters", None),
+                "default": getattr(module, "compute_default_rope_parameters", None),
+                **ROPE_INIT_FUNCTIONS}[module.rope_type]
+        inv_freq, _ = init(module.config)
+        device = module.inv_freq.device
+        module.inv_freq = inv_freq.float().to(device)
+        module.original_inv_freq = inv_freq.float().to(device).clone()
+    return model
+
+
+def gradient_world(tcfg: Train, dist: Dist) -> int:
+    """What DeepSpeed (0.19.8) divides the gradients summed over every rank by: the data-parallel
+    world (the job's ranks / train.sequence_parallel) under ZeRO 0-2, which correct their average
+    for sequence parallelism, and every rank under ZeRO-3, whose reduce-scatter averages over the
+    whole partition group without that correction (deepspeedai/DeepSpeed#5248 and #6841 report
+    the same). A loss term multiplied by it gives gradients of the sum over the ranks' terms
+    (tests/test_sequence_parallel.py compares them with one rank's)."""
+    return dist.job.world if tcfg.zero_stage == 3 else dist.world
+
+
+def layout(policy, tcfg: Train, sp: Dist | None) -> Layout:
+    """How the scorer feeds `policy`'s trunk under `tcfg` (train.padding_free,
+    train.sequence_parallel: Ulysses attention installed in front of the model's kernel)."""
+    if tcfg.sequence_parallel == 1:
+        return Layout(tcfg.padding_free)
+    if sp is None or sp.world != tcfg.sequence_parallel:
+        raise ValueError(f"train.sequence_parallel {tcfg.sequence_parallel}: build the engine with "
+                         "the sequence-parallel group of init_distributed (Dist.sp)")
+    install_ulysses(policy.lm, sp.group)
+    return Layout(tcfg.padding_free, sp)
+
+
+def _mpu(tcfg: Train):
+    """DeepSpeed's sequence-parallel state (made by init_distributed), or None."""
+    if tcfg.sequence_parallel == 1:
+        return None
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    return parallel_state_sp
 
 
 def ds_config(tcfg: Train) -> dict:

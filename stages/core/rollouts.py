@@ -74,7 +74,8 @@ def prompt_stream(n: int, start: int, count: int, seed: int) -> list[int]:
 
 
 def rank_slots(prompts: int, mini_batch_prompts: int, world: int, rank: int) -> list[int]:
-    """Positions of a step's prompt list that `rank` samples and trains on.
+    """Positions of a step's prompt list that data-parallel rank `rank` of `world` samples and
+    trains on (the ranks of a sequence-parallel group share one data-parallel rank).
 
     Every mini-batch of `mini_batch_prompts` consecutive prompts is split evenly across the
     ranks, so the prompts of a mini-batch are the same for any number of processes, and the G
@@ -184,25 +185,36 @@ def rewards_of(cfg: Config, pool: PromptPool, prompts: list[int], samples) -> tu
 
 
 def sample_groups(step: int, cfg: Config, run_seed: int, sampler, pool: PromptPool,
-                  prompts: list[int], sampled: Sampled) -> list[Group]:
-    """Sample and grade `group_size` responses for each pool prompt in `prompts`."""
+                  prompts: list[int], sampled: Sampled, sp: Dist | None = None) -> list[Group]:
+    """Sample and grade `group_size` responses for each pool prompt in `prompts`.
+
+    sp: the sequence-parallel group (several ranks that train on the same sequences): they share
+    the work and its result, rank s of k sampling and grading prompts s, s + k, ... with the
+    seeds they have in the whole list, and every rank of the group gets every group, so the
+    group trains on identical sequences whatever the backend's determinism."""
     t = cfg.train
     g = t.group_size
-    samples = sampler.sample([pool.prompts[i] for i in prompts], n=g, temperature=t.temperature,
-                             top_p=t.top_p, max_new_tokens=[pool.limits[i] for i in prompts],
-                             prompt_seeds=rollout_seeds(run_seed, step, prompts), desc=f"step {step}")
-    correct, rewards = rewards_of(cfg, pool, prompts, samples)
-    sampled.responses += len(samples)
-    sampled.correct += int(correct.sum())
-    sampled.reward += float(rewards.sum())
-    sampled.tokens += sum(len(s.response_token_ids) for s in samples)
+    k, me = (1, 0) if sp is None else (sp.world, sp.rank)
+    mine = prompts[me::k]
+    samples = sampler.sample([pool.prompts[i] for i in mine], n=g, temperature=t.temperature,
+                             top_p=t.top_p, max_new_tokens=[pool.limits[i] for i in mine],
+                             prompt_seeds=rollout_seeds(run_seed, step, prompts)[me::k],
+                             desc=f"step {step}")
+    correct, rewards = rewards_of(cfg, pool, mine, samples)
     out = []
-    for k in range(len(prompts)):
-        rows = samples[k * g : (k + 1) * g]
+    for j in range(len(mine)):
+        rows = samples[j * g : (j + 1) * g]
         logprobs = [s.logprobs for s in rows]
         out.append(Group(rows[0].prompt_token_ids, [s.response_token_ids for s in rows],
-                         rewards[k * g : (k + 1) * g].tolist(), correct[k * g : (k + 1) * g].tolist(),
+                         rewards[j * g : (j + 1) * g].tolist(), correct[j * g : (j + 1) * g].tolist(),
                          None if any(lp is None for lp in logprobs) else logprobs))
+    if k > 1:  # the group's groups in the order of `prompts`
+        parts = sp.objects(out)
+        out = [parts[i % k][i // k] for i in range(len(prompts))]
+    sampled.responses += sum(len(gr.response_ids) for gr in out)
+    sampled.correct += sum(sum(gr.correct) for gr in out)
+    sampled.reward += float(torch.tensor([r for gr in out for r in gr.rewards], dtype=torch.float64).sum())
+    sampled.tokens += sum(len(r) for gr in out for r in gr.response_ids)
     return out
 
 
@@ -222,7 +234,7 @@ def collect(step: int, consumed: int, cfg: Config, run_seed: int, sampler, pool:
         sampled.generation_batches += 1
         # this rank's slots of each prompts_per_step block of the generation batch
         mine = [order[b + s] for b in range(0, batch, t.prompts_per_step) for s in slots]
-        groups = sample_groups(step, cfg, run_seed, sampler, pool, mine, sampled)
+        groups = sample_groups(step, cfg, run_seed, sampler, pool, mine, sampled, dist.sp)
         keep += [gr for gr in groups if gr.informative()] if t.dynamic_sampling else groups
         if dist.min(len(keep)) >= len(slots):
             break
@@ -244,7 +256,7 @@ def _collect_pooled(step: int, consumed: int, cfg: Config, run_seed: int, sample
         consumed += batch
         sampled.generation_batches += 1
         mine = order[dist.rank * share : (dist.rank + 1) * share]
-        groups = sample_groups(step, cfg, run_seed, sampler, pool, mine, sampled)
+        groups = sample_groups(step, cfg, run_seed, sampler, pool, mine, sampled, dist.sp)
         flags = dist.cat(torch.tensor([g.informative() for g in groups], dtype=torch.long))
         for position in flags.nonzero().squeeze(1).tolist():  # global order of the stream
             if position // share == dist.rank:

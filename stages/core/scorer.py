@@ -18,6 +18,11 @@ agree bit for bit where they should:
 
 A scope is a list of sequences (prompt ids, response ids, group index); flat (N,) per-token
 tensors run over its response tokens in (sequence, position) order.
+
+:func:`trunk_hidden` feeds the trunk as the Policy's Layout says (padded rows or one padding-free
+row; with sequence parallelism this rank's slice of the positions) and says which response tokens
+this rank's positions predict; :func:`sp_assemble` gathers per-token values (or hidden states)
+of a sequence-parallel group into the whole micro-batch's.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .policy import as_policy
-from .scoring import pack
+from .scoring import pack_batch
 from .stats import (
     CHUNK_POSITIONS,
     CHUNK_VOCAB,
@@ -58,18 +63,63 @@ class Chunks:
 # ---------------------------------------------------------------------------------------------
 # The trunk
 # ---------------------------------------------------------------------------------------------
-def trunk_hidden(model, prompt_ids, response_ids, pad_id: int, device) -> tuple[Tensor, Tensor]:
-    """(final hidden states (b, L, D) of prompt + response, flat index (N,) of the positions that
-    predict each response token into the b·L positions), with gradient if it is enabled.
-    `model`: a Policy or a bare causal LM. No sequences: one pad token stands in, so that a rank
-    with nothing to score still runs the forward the others run (ZeRO-3 gathers in each)."""
+@dataclass
+class Trunk:
+    """The trunk's output for a micro-batch on this rank.
+
+    hidden (b, L_local, D): final hidden states of this rank's positions (all L of them without
+    sequence parallelism, its slice of L / k with k ranks per sequence); owned (N,) bool: the
+    micro-batch's response tokens whose predicting position is in that slice (all of them
+    without sequence parallelism); flat (n_owned,): the index of each owned token's predicting
+    position into hidden's b·L_local positions."""
+
+    hidden: Tensor
+    owned: Tensor
+    flat: Tensor
+
+    def __iter__(self):
+        """Unpacks as (hidden, flat), the pair trunk_hidden returned before sequence parallelism
+        (flat then covers every response token)."""
+        return iter((self.hidden, self.flat))
+
+    def rows(self, pick: Tensor | None = None) -> Tensor:
+        """Hidden states (n, D) predicting the owned tokens `pick` (indices into the owned
+        tokens; all: None)."""
+        return response_rows(self.hidden, self.flat, pick)
+
+    @property
+    def owned_index(self) -> Tensor:
+        """(n_owned,) the owned tokens' indices among the micro-batch's N response tokens."""
+        return self.owned.nonzero().squeeze(1)
+
+
+def trunk_hidden(model, prompt_ids, response_ids, pad_id: int, device) -> Trunk:
+    """The trunk on prompt + response sequences (:class:`Trunk`), with gradient if it is enabled.
+    `model`: a Policy (fed as its Layout says: padded rows or one padding-free row; with
+    sequence parallelism, this rank's slice of the positions through Ulysses attention) or a bare
+    causal LM. No sequences: one pad token stands in, so that a rank with nothing to score still
+    runs the forward the others run (ZeRO-3 gathers in each)."""
+    policy = as_policy(model)
+    layout = policy.layout
     if not prompt_ids:
         prompt_ids, response_ids = [[pad_id]], [[]]
-    ids, attention, rows, cols = pack(prompt_ids, response_ids, pad_id)
-    out = as_policy(model).trunk(input_ids=ids.to(device), attention_mask=attention.to(device),
-                                 use_cache=False)
-    hidden = out.last_hidden_state  # (b, L, D)
-    return hidden, (rows * ids.shape[1] + cols).to(device)
+    batch = pack_batch(prompt_ids, response_ids, pad_id, layout.padding_free, layout.sp_size)
+    ids, positions, attention, flat = (batch.input_ids, batch.position_ids, batch.attention_mask,
+                                       batch.flat)
+    owned = torch.ones(flat.numel(), dtype=torch.bool)
+    extra = {}
+    if layout.sp is not None:  # this rank's slice of the positions; the positions decide the mask
+        width = batch.width // layout.sp_size
+        start = layout.sp.rank * width
+        ids, positions, attention = ids[:, start:start + width], positions[:, start:start + width], None
+        col = flat % batch.width
+        owned = (col >= start) & (col < start + width)
+        flat = flat[owned] // batch.width * width + col[owned] - start
+        extra["sequence_parallel"] = True
+    out = policy.trunk(input_ids=ids.to(device), position_ids=positions.to(device),
+                       attention_mask=None if attention is None else attention.to(device),
+                       use_cache=False, **extra)
+    return Trunk(out.last_hidden_state, owned, flat.to(device))
 
 
 def response_rows(hidden: Tensor, flat: Tensor, pick: Tensor | None = None) -> Tensor:
@@ -78,20 +128,37 @@ def response_rows(hidden: Tensor, flat: Tensor, pick: Tensor | None = None) -> T
     return hidden.flatten(0, 1)[rows]
 
 
+def sp_assemble(local: Tensor, owned: Tensor, sp) -> Tensor:
+    """Values (N, ...) of every token from the sequence-parallel group's ranks' values
+    (n_r, ...) of the tokens each owns (owned (N,) bool on this rank; the ranks' sets are
+    disjoint and cover all N): exact, the values are only moved. sp: a Dist (one rank: local).
+    N is the same on every rank of the group, so all of them return early together or none."""
+    if sp is None or sp.world == 1 or owned.numel() == 0:
+        return local
+    tail = local.shape[1:]
+    parts = sp.gather(local.reshape(-1))
+    masks = sp.gather(owned.to(torch.uint8))
+    out = local.new_empty((owned.numel(), *tail))
+    for part, mask in zip(parts, masks, strict=True):
+        out[mask.bool().to(out.device)] = part.view(-1, *tail)
+    return out
+
+
 def micro_batches(total_lengths: Sequence[int], max_sequences: int,
-                  max_tokens: int | None = None) -> list[range]:
-    """Consecutive sequences per forward: at most max_sequences, and while
-    sequences × longest (prompt + response) stays within max_tokens (a sequence longer than the
-    budget goes alone)."""
-    out, start, longest = [], 0, 0
+                  max_tokens: int | None = None, padding_free: bool = False) -> list[range]:
+    """Consecutive sequences per forward: at most max_sequences, and while their cost stays
+    within max_tokens (a sequence longer than the budget goes alone). The cost of padded rows is
+    sequences × longest (prompt + response); of a padding-free row, the sum of the lengths."""
+    out, start, cost, longest = [], 0, 0, 0
     for i, n in enumerate(total_lengths):
         wider = max(longest, n)
+        grown = cost + n if padding_free else wider * (i - start + 1)
         full = i - start >= max_sequences or (
-            max_tokens is not None and i > start and wider * (i - start + 1) > max_tokens)
+            max_tokens is not None and i > start and grown > max_tokens)
         if full:
             out.append(range(start, i))
-            start, wider = i, n
-        longest = wider
+            start, wider, grown = i, n, n
+        longest, cost = wider, grown
     if start < len(total_lengths):
         out.append(range(start, len(total_lengths)))
     return out
@@ -304,32 +371,42 @@ def score_scope(model, scope: Scope, pad_id: int, temperature: float, needs=froz
     Several ranks (rank_max given) make equally many forward calls (forward_plan): a rank with
     fewer micro-batches runs the trunk and head on a one-token stand-in and discards it. The
     head is read only inside the Policy's forward (gathered there under ZeRO-3): once per
-    micro-batch, and once for the deviations."""
+    micro-batch, and once for the deviations.
+
+    Sequence parallelism (the Policy's Layout): each rank of the group scores the tokens its
+    slice of positions predicts; the group then exchanges the values (and, for ``jsd`` and the
+    deviations, whose references span positions, the hidden states of the scope), so every rank
+    of the group returns the whole scope's statistics, as one rank would."""
     policy = as_policy(model)
+    sp = policy.layout.sp
     trunk_needs = ({"jsd"} | set(DEVIATIONS)) & set(needs)
     out: dict[str, list[Tensor]] = {"entropy": [], "renyi2": [], "logprob": [], "logsumexp": []}
     kept: list[Tensor] = []
+    owned: list[Tensor] = []
     ids = scope.token_ids()
     totals = [len(p) + len(r) for p, r in zip(scope.prompt_ids, scope.response_ids, strict=True)]
     starts = torch.tensor([0] + scope.lengths).cumsum(0).tolist()
-    micro = micro_batches(totals, max_sequences, max_tokens)
+    micro = micro_batches(totals, max_sequences, max_tokens, policy.layout.padding_free)
     for mb in forward_plan(micro, rank_max):
         seqs = [] if mb is None else list(mb)  # padding: trunk_hidden's one-token stand-in
-        hidden, flat = trunk_hidden(policy, [scope.prompt_ids[i] for i in seqs],
-                                    [scope.response_ids[i] for i in seqs], pad_id, device)
-        rows = response_rows(hidden, flat)  # (n, D)
-        tokens = ids[:0] if mb is None else ids[starts[mb.start]:starts[mb.stop]]
+        trunk = trunk_hidden(policy, [scope.prompt_ids[i] for i in seqs],
+                             [scope.response_ids[i] for i in seqs], pad_id, device)
+        rows = trunk.rows()  # (n_owned, D)
+        tokens = ids[:0] if mb is None else ids[starts[mb.start]:starts[mb.stop]][trunk.owned]
         stats = policy(rows, tokens, fn=head_statistics, temperature=temperature, chunks=chunks)
         if mb is not None:
             for key in out:
                 out[key].append(stats[key].cpu())
+            owned.append(trunk.owned)
             if trunk_needs:
                 kept.append(rows.cpu())
-        del hidden, rows
-    result = {k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()}
+        del trunk, rows
+    mine = torch.cat(owned) if owned else torch.zeros(0, dtype=torch.bool)
+    result = {k: sp_assemble(torch.cat(v) if v else torch.zeros(0), mine, sp) for k, v in out.items()}
     if trunk_needs:
         width = policy.lm.config.hidden_size
         hv = torch.cat(kept) if kept else torch.zeros(0, width)  # (N, D) on the CPU
+        hv = sp_assemble(hv, mine, sp)
         result |= policy(hv, result["logsumexp"], fn=_scope_deviations, scope=scope,
                          needs=trunk_needs, temperature=temperature, chunks=chunks,
                          all_reduce=all_reduce)

@@ -5,11 +5,22 @@ The token-statistics and overlap stages score a rollout file through :func:`stre
 the trunk runs in batches of a token budget without a KV cache (:func:`response_hidden`, the
 trainer's packing rule, stages.core.scorer.micro_batches), and only one group's hidden states
 (the responses of one problem) exist at a time, so memory does not grow with the file.
+
+The trainer feeds its trunk through :func:`pack_batch`: right-padded rows (:func:`pack`), or one
+padding-free row whose sequences follow each other with position ids restarting at 0, so that a
+micro-batch costs its tokens, not longest × sequences. transformers (5.x) reads the restarts, but
+only with no attention mask and no KV cache (use_cache=False: with a cache it would let the
+sequences attend to each other): sdpa then gets a block-diagonal causal mask built from them
+(masking_utils.find_packed_sequence_indices; on the CPU, tests/test_packing.py shows that no
+position attends to another sequence's), and flash_attention_2 reads them for variable-length
+attention (its own path, not run on the CPU). sdpa's mask is L × L for a row of L tokens; long
+packed rows want flash_attention_2.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -42,6 +53,56 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
         # the output at position len(p) + j - 1 predicts response token j
         cols += range(len(p) - 1, len(p) + len(r) - 1)
     return input_ids, attention, torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+
+
+@dataclass
+class Packed:
+    """A micro-batch as the trunk's input: ids, position ids (both (b, L)), the attention mask
+    ((b, L) for padded rows; None for a padding-free row, whose positions say where each
+    sequence starts), and flat (N,): for every response token, the index into the b·L positions
+    of the one whose output predicts it."""
+
+    input_ids: Tensor
+    position_ids: Tensor
+    attention_mask: Tensor | None
+    flat: Tensor
+
+    @property
+    def width(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def pack_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int,
+               padding_free: bool = False, multiple: int = 1) -> Packed:
+    """The trunk's input for prompt + response sequences: right-padded rows (:func:`pack`), or one
+    row of the sequences back to back with position ids from 0 in each (padding_free). The width
+    is padded to a multiple of `multiple` (the sequence-parallel ranks' equal slices) with pad
+    tokens: masked out in padded rows, a sequence of their own (positions from 0) in a
+    padding-free row; either way after every real position, which causal attention never lets
+    a real position see."""
+    if not padding_free:
+        ids, attention, rows, cols = pack(prompts, responses, pad_id)
+        extra = -ids.shape[1] % multiple
+        if extra:
+            ids = torch.nn.functional.pad(ids, (0, extra), value=pad_id)
+            attention = torch.nn.functional.pad(attention, (0, extra), value=0)
+        width = ids.shape[1]
+        positions = torch.arange(width).expand(ids.shape[0], width)
+        return Packed(ids, positions, attention, rows * width + cols)
+    tokens: list[int] = []
+    positions: list[int] = []
+    flat: list[int] = []
+    for p, r in zip(prompts, responses, strict=True):
+        start = len(tokens)
+        tokens += list(p) + list(r)
+        positions += range(len(p) + len(r))
+        # the output at position len(p) + j - 1 of the sequence predicts response token j
+        flat += range(start + len(p) - 1, start + len(p) + len(r) - 1)
+    extra = -len(tokens) % multiple
+    tokens += [pad_id] * extra
+    positions += range(extra)
+    return Packed(torch.tensor([tokens], dtype=torch.long), torch.tensor([positions], dtype=torch.long),
+                  None, torch.tensor(flat, dtype=torch.long))
 
 
 def trunk_and_head(model):
