@@ -183,11 +183,18 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
         seq, tokens, rows, notes = _micro_batch(cfg, t, arch, prompt_tokens)
         runtime = Term("CUDA runtime", mem.CUDA_RUNTIME_GB * GB, f"{mem.CUDA_RUNTIME_GB} GB")
         reference = mem.reference_terms(arch, layout) if t.loss.kl_beta > 0 else []
-        # stages.train loads the policy (and the reference) whole onto every GPU, then DeepSpeed
-        # partitions them: under ZeRO-3 the one moment a rank holds the whole model
-        load = Figure([Term("policy loaded whole", w * arch.params, f"{w}P"),
-                       *([Term("reference loaded whole", w * arch.params, f"{w}P")] if reference else []),
-                       runtime])
+        # stages.train loads the policy (and the reference) whole onto every GPU before DeepSpeed
+        # partitions them, except under ZeRO-3, where they are partitioned while they load
+        # (transformers' HfDeepSpeedConfig): a shard and the largest layer being gathered
+        world = m.train_nodes * m.train_gpus_per_node()
+        if t.zero_stage == 3:
+            one = [Term("policy loaded as a shard", w * arch.params / world, f"{w}P/{world}"),
+                   Term("largest layer gathered", w * arch.largest_layer, f"{w}L")]
+            load = Figure(one + (one if reference else []) + [runtime])
+        else:
+            load = Figure([Term("policy loaded whole", w * arch.params, f"{w}P"),
+                           *([Term("reference loaded whole", w * arch.params, f"{w}P")] if reference else []),
+                           runtime])
         rollout = Figure(states.resident + states.kept + reference + [runtime])
         training = Figure(states.resident + states.step + states.working + states.kept
                           + states.buckets
@@ -366,7 +373,7 @@ GROUPS = {
     "activations": ("checkpointed", "one layer", "layer activations", "activation gradients",
                     "final hidden"),
     "head": ("head",),
-    "whole model": ("policy loaded", "reference loaded"),
+    "loaded model": ("policy loaded", "reference loaded", "largest layer gathered"),
     "reference": ("reference",),
     "engine": ("vLLM", "engine", "KV", "generation"),
 }
