@@ -817,6 +817,27 @@ def _check_layout(size: str, model: ModelSize, train: Train) -> None:
         raise _RefError("train.sequence_parallel",
                         f"{train.sequence_parallel} does not divide the {world} GPU(s) of "
                         f"models.{size}.gpus.train")
+    sp = train.sequence_parallel
+    if sp > 1 and (heads := _attention_heads(model)) is not None:
+        q, kv = heads  # Ulysses splits the heads over the group: every rank needs whole heads
+        if q % sp or (kv % sp and sp % kv):
+            raise _RefError("train.sequence_parallel",
+                            f"{sp} does not split models.{size}'s {q} attention heads and {kv} "
+                            "key/value heads (the heads must divide by it, the key/value heads "
+                            "divide by it or divide it)")
+
+
+def _attention_heads(model: ModelSize) -> tuple[int, int] | None:
+    """(attention heads, key/value heads) of a size where the config or the memory plan's table of
+    hub models knows them; None otherwise."""
+    if model.scratch is not None:
+        return model.scratch.num_attention_heads, model.scratch.num_key_value_heads
+    if model.hub is not None:
+        from .core.memory import HUB_ARCHS
+
+        arch = HUB_ARCHS.get(model.hub.model_id)
+        return None if arch is None else (arch.heads, arch.kv_heads)
+    return None
 
 
 def import_selector_modules(names: list, source: str) -> None:
