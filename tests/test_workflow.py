@@ -48,7 +48,7 @@ def test_dry_run_default(tmp_path):
     proc = snakemake("-n", "--configfile", str(ROOT / "config" / "config.yaml"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    assert counts["prepare_data"] == 5 and counts["base_model"] == 2
+    assert counts["prepare_data"] == 5 and counts["base_model"] == 1  # tiny-s
 
 
 PAPER_BENCHMARKS = ["math500", "gsm8k", "mmlu-stem", "gpqa", "aime23", "aime24", "aime25"]

@@ -191,12 +191,18 @@ def init_distributed(launch: Launch, sequence_parallel: int = 1) -> Dist:
     made here (parallel_state_sp, the `mpu` that build_engine hands to DeepSpeed: ZeRO partitions
     and reduces over every rank, and averages gradients over the world / k data-parallel ranks),
     and the data-parallel groups beside them."""
-    if "RANK" not in os.environ:  # a plain `python -m stages.train`
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
+    import torch.distributed as tdist
+
     os.environ.setdefault("DS_ACCELERATOR", launch.device.type)
     if launch.device.type == "cuda":
         torch.cuda.set_device(launch.device)
+    if "RANK" not in os.environ and not tdist.is_initialized():
+        # A plain `python -m stages.train`: a group of one on an in-process store, which DeepSpeed
+        # adopts. No port is opened and no launcher variable (RANK, MASTER_PORT) is written to
+        # os.environ, where jobs started from this process would inherit it and take themselves
+        # for ranks of this group. ZeRO-3 reads LOCAL_RANK.
+        os.environ.setdefault("LOCAL_RANK", "0")
+        tdist.init_process_group(launch.backend, store=tdist.HashStore(), rank=0, world_size=1)
     import deepspeed
 
     if launch.device.type == "cpu":

@@ -4,6 +4,7 @@ import sys
 import yaml
 
 from stages.config import ConfigError, Gpus, validate
+from stages.train import checkpoint_steps
 
 # --configfile replaces the embedded default rather than being merged into it.
 if not workflow.overwrite_configfiles:
@@ -229,6 +230,31 @@ def eval_dirs():
 def train_dirs():
     """Every training of the grid: size x method x seed."""
     return [train_dir(size, method, seed) for size in EXP.sizes for method in EXP.methods for seed in EXP.seeds]
+
+
+def curve_benchmarks():
+    """Benchmarks of the checkpoints' evaluations (evaluate.curve_benchmarks, else all)."""
+    return CFG.evaluate.curve_benchmarks or EXP.benchmarks
+
+
+def eval_step_dirs():
+    """Every checkpoint evaluation: size x method x seed x saved step x curve benchmark."""
+    return [
+        eval_steps_dir(size, method, seed, step, bench)
+        for size in EXP.sizes
+        for method in EXP.methods
+        for seed in EXP.seeds
+        for step in checkpoint_steps(CFG.train_for(method, size))
+        for bench in curve_benchmarks()
+    ]
+
+
+def overlap_paths():
+    """One overlap file per trained model, when token_stats.overlap_top is set."""
+    if CFG.token_stats.overlap_top is None:
+        return []
+    return [overlap_path(size, method, seed)
+            for size in EXP.sizes for method in EXP.methods for seed in EXP.seeds]
 
 
 # ----- the Snakemake report (snakemake --report report.html) ----------------------------------

@@ -1,22 +1,5 @@
 from stages.evaluate import config_keys as evaluate_config_keys
-from stages.train import checkpoint_name, checkpoint_steps
-
-
-def curve_benchmarks():
-    """Benchmarks of the checkpoints' evaluations (evaluate.curve_benchmarks, else all)."""
-    return CFG.evaluate.curve_benchmarks or EXP.benchmarks
-
-
-def eval_step_dirs():
-    """Every checkpoint evaluation: size x method x seed x saved step x curve benchmark."""
-    return [
-        eval_steps_dir(size, method, seed, step, bench)
-        for size in EXP.sizes
-        for method in EXP.methods
-        for seed in EXP.seeds
-        for step in checkpoint_steps(CFG.train_for(method, size))
-        for bench in curve_benchmarks()
-    ]
+from stages.train import checkpoint_name
 
 
 rule evaluate_checkpoint:

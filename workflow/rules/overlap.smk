@@ -1,14 +1,6 @@
 from stages.overlap import config_keys as overlap_config_keys
 
 
-def overlap_paths():
-    """One overlap file per trained model, when token_stats.overlap_top is set."""
-    if CFG.token_stats.overlap_top is None:
-        return []
-    return [overlap_path(size, method, seed)
-            for size in EXP.sizes for method in EXP.methods for seed in EXP.seeds]
-
-
 rule overlap:
     """The top-entropy positions of the base model's rollouts under the base and a trained model:
     their overlap |A ∩ B| / |A| (the 80/20 paper's Table 1)."""
