@@ -464,7 +464,7 @@ class Train(Strict):
             )
         if self.dtype == "bfloat16" and self.zero_stage == 0:
             raise ValueError(
-                "zero_stage: bfloat16 training needs ZeRO stage 1 or 2: only there does DeepSpeed "
+                "zero_stage: bfloat16 training needs ZeRO stage 1, 2 or 3: only there does DeepSpeed "
                 "accumulate and reduce the gradients of bf16 parameters in float32")
         if self.overlong_buffer is not None and self.overlong_buffer >= self.max_response_tokens:
             raise _FieldError("overlong_buffer", f"{self.overlong_buffer} is not shorter than "
