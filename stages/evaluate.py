@@ -31,14 +31,14 @@ from .config import Config, ConfigError
 from .core.io import ArtifactError, provenance, read_parquet, write_parquet
 from .core.metrics import Estimate, bootstrap_ci, summarise
 from .core.problems import PROBLEM_SCHEMA
+from .keys import EVALUATE_KEYS  # noqa: F401  (re-exported)
+from .keys import evaluate_config_keys as config_keys
 
 STAGE_VERSION = "2"
 INVALID = "[INVALID]"  # math_dapo's prediction when a response has no "Answer:" line
 
 # the parts of the config this stage reads (main_methods, headline and curve_benchmarks only
 # shape the tables)
-EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
-                 "grade_timeout_s", "batch_size", "graders", "batch_invariant")
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -75,16 +75,6 @@ METRIC_SCHEMA = pa.schema(
         pa.field("grader", pa.string(), nullable=True),
     ]
 )
-
-
-def config_keys(size: str, bench: str, method: str = "base") -> tuple[str, ...]:
-    """The parts of the config one evaluation reads (its rule hashes the same ones). The method
-    and its training reach an evaluation only through the model file and its evaluation changes
-    (methods.<m>.evaluate), the benchmark's source and template only through the problems file:
-    when those change, the files do."""
-    own = () if method == "base" else (f"methods/{method}/evaluate",)
-    return (*(f"evaluate/{k}" for k in EVALUATE_KEYS), f"datasets/{bench}/role",
-            f"datasets/{bench}/grader", f"models/{size}/tensor_parallel_size", "seed", *own)
 
 
 def max_new_tokens(cfg: Config, method: str) -> int:

@@ -29,6 +29,7 @@ from .core.io import ArtifactError, provenance, read_parquet, write_parquet
 from .core.modeling import load_model_and_tokenizer
 from .core.scoring import stream_statistics
 from .core.selectors import count, top_k_first
+from .keys import overlap_config_keys as config_keys
 from .rollout import ROLLOUT_SCHEMA
 
 STAGE_VERSION = "1"
@@ -44,11 +45,6 @@ OVERLAP_SCHEMA = pa.schema(
         pa.field("entropy_mean_trained", pa.float64(), nullable=False),
     ]
 )
-
-
-def config_keys(size: str) -> tuple[str, ...]:
-    """The parts of the config this stage reads (its rule hashes the same ones)."""
-    return ("rollout/temperature", "token_stats", f"models/{size}/label", "seed")
 
 
 def top_positions(entropy: torch.Tensor, rho: float) -> torch.Tensor:

@@ -18,6 +18,7 @@ from .core.backends import SamplingSettings, generate
 from .core.grading import grade_many
 from .core.io import provenance, read_parquet, write_parquet
 from .core.problems import PROBLEM_SCHEMA
+from .keys import rollout_config_keys as config_keys
 
 STAGE_VERSION = "2"
 
@@ -56,13 +57,6 @@ def pick_prompts(frame, count: int, seed: int):
         raise ConfigError("the training prompt file is empty")
     rows = sorted(random.Random(f"rollout:{seed}").sample(range(frame.height), min(count, frame.height)))
     return frame[rows]
-
-
-def config_keys(cfg: Config, size: str) -> tuple[str, ...]:
-    """The parts of the config this stage reads (its rule hashes the same ones)."""
-    return ("rollout", f"models/{size}", "seed", "train/reward_correct", "train/reward_incorrect",
-            "experiment/train_datasets",
-            *(f"datasets/{d}/grader" for d in cfg.experiment.train_datasets))
 
 
 def main(args, cfg: Config) -> None:

@@ -90,6 +90,8 @@ from .core.problems import PROBLEM_SCHEMA
 from .core.rollouts import PromptPool, Rollouts, Sampled, collect, seed_of, split_minibatches
 from .core.scorer import Chunks, score_scope
 from .core.selectors import STATISTICS
+from .keys import checkpoint_name, checkpoint_steps  # noqa: F401  (re-exported)
+from .keys import train_config_keys as config_keys
 
 __all__ = ["free_port", "main"]
 
@@ -136,15 +138,6 @@ selected tokens whose importance weight was cut at train.tis_cap (null when off)
 `tokens_per_second` is sampled response tokens per second of the step's wall time `time_s`."""
 
 TIME_COLUMNS = ("tokens_per_second", "time_s")
-
-
-def config_keys(cfg: Config, size: str, method: str) -> tuple[str, ...]:
-    """The parts of the config this stage reads (rule train's config_hash lists the same): the
-    token-statistics chunking, not the token-statistics stage's own keys."""
-    return ("train", f"methods/{method}", f"models/{size}", "seed", "token_stats/chunk_positions",
-            "token_stats/chunk_vocab", "evaluate/grade_timeout_s", "experiment/train_datasets",
-            *(f"datasets/{d}/{key}" for d in cfg.experiment.train_datasets
-              for key in ("max_response_tokens", "grader")))
 
 
 def lr_at(step: int, tcfg: Train, lr: float | None = None) -> float:
@@ -448,18 +441,6 @@ def cli_progress(start: int, total: int, desc: str, rank: int):
     from .core.progress import progress
 
     return progress(total=total, initial=start, desc=desc, unit="step", disable=rank != 0)
-
-
-def checkpoint_name(step: int) -> str:
-    """The folder, inside the training's output folder, of the checkpoint saved after `step` steps."""
-    return f"checkpoints/step={step}"
-
-
-def checkpoint_steps(tcfg: Train) -> list[int]:
-    """The steps after which a checkpoint is saved (train.save_every; the final model is not one)."""
-    if not tcfg.save_every:
-        return []
-    return list(range(tcfg.save_every, tcfg.steps, tcfg.save_every))
 
 
 def save_model(policy, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -> None:

@@ -46,6 +46,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
+from .names import ICT_LABELS  # noqa: F401  (re-exported: how each variant is printed)
+
 Selector = Callable[..., Tensor]
 
 STATISTICS = ("entropy", "logprob", "renyi2", "jsd", "group_jsd", "response_mean_jsd",
@@ -366,15 +368,6 @@ ICT_SCORES = {"paper": "group_jsd", "response_mean": "response_mean_jsd",
               "group_pooled": "group_pooled_jsd", "group_leave_one_out": "group_loo_jsd"}
 """The per-response variants of the ict selector and the statistic each ranks positions by."""
 ICT_VARIANTS = (*ICT_SCORES, "token_id", "scope_position")
-ICT_LABELS = {
-    "paper": "ICT (paper's rule)",
-    "response_mean": "response-mean reading (ours, not ICT)",
-    "group_pooled": "group-pooled reading (ours, not ICT)",
-    "group_leave_one_out": "group leave-one-out reading (ours, not ICT)",
-    "token_id": "JSD token-id reading (ours, not ICT)",
-    "scope_position": "JSD scope-position reading (ours, not ICT)",
-}
-"""How each variant is printed: only the paper's rule is called ICT."""
 
 
 class IctParams(Params):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from ..config import Config
+from ..core.names import ICT_LABELS
 from ..core.render import MISSING
-from ..core.selectors import ICT_LABELS
 
 HEADLINE_K = 4  # ICT reports pass@4
 TOTAL_KS = (1, 4)  # ICT's Total is the mean of P@1 and P@4

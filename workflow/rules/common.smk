@@ -4,7 +4,7 @@ import sys
 import yaml
 
 from stages.config import ConfigError, Gpus, validate
-from stages.train import checkpoint_steps
+from stages.keys import checkpoint_steps
 
 # --configfile replaces the embedded default rather than being merged into it.
 if not workflow.overwrite_configfiles:

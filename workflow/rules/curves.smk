@@ -1,5 +1,5 @@
-from stages.evaluate import config_keys as evaluate_config_keys
-from stages.train import checkpoint_name
+from stages.keys import evaluate_config_keys
+from stages.keys import checkpoint_name
 
 
 rule evaluate_checkpoint:

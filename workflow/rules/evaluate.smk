@@ -1,4 +1,4 @@
-from stages.evaluate import config_keys as evaluate_config_keys
+from stages.keys import evaluate_config_keys
 
 
 rule evaluate:

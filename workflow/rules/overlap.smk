@@ -1,4 +1,4 @@
-from stages.overlap import config_keys as overlap_config_keys
+from stages.keys import overlap_config_keys
 
 
 rule overlap:

@@ -1,4 +1,4 @@
-from stages.rollout import config_keys as rollout_config_keys
+from stages.keys import rollout_config_keys
 
 
 rule rollout:

@@ -1,4 +1,4 @@
-from stages.train import config_keys as train_config_keys
+from stages.keys import train_config_keys
 
 
 rule train:
