@@ -397,6 +397,7 @@ def test_the_sampler_and_the_trainer_agree_in_float32_and_are_measured_in_bf16(j
     metrics = pl.read_parquet(d / f"mm-{dtype}" / "metrics.parquet")
     for column in (*MISMATCH, "tis_truncated_fraction"):
         assert metrics[column].null_count() == 0 and metrics[column].is_finite().all(), column
+    print(f"\n{dtype}: " + ", ".join(f"{c} {metrics[c].to_list()}" for c in (*MISMATCH, "tis_truncated_fraction")))
     if dtype == "float32":
         assert metrics["rollout_logprob_diff_max"].max() <= 1e-5
         assert metrics["rollout_kl"].max() <= 1e-9 and metrics["tis_truncated_fraction"].max() == 0.0
