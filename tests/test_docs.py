@@ -1,0 +1,89 @@
+"""The front page and the manual: every relative link resolves (files and #anchors), the README's
+first shell block holds the two set-up commands, and the tables of GPUs per job in the docs are
+the configs' own."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    out = set()
+    for line in page.read_text().splitlines():
+        if m := re.match(r"^#{1,6}\s+(.*)$", line):
+            text = re.sub(r"`", "", m.group(1)).strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    return out
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code is not a link
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [m.group(1) for m in LINK.finditer(text)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        where = (page.parent / path).resolve() if path else page
+        if not where.exists():
+            broken.append(f"{target} (no {where.relative_to(ROOT) if ROOT in where.parents else where})")
+        elif anchor and where.suffix == ".md" and anchor not in anchors(where):
+            broken.append(f"{target} (no heading #{anchor} in {where.name})")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_readme_starts_with_the_two_setup_commands():
+    text = (ROOT / "README.md").read_text()
+    first = re.search(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S)
+    assert first, "the README has no shell block"
+    commands = [line.split("#")[0].strip() for line in first.group(1).splitlines() if line.strip()]
+    assert commands == ["bash scripts/run_default.sh", "bash scripts/test.sh"]
+    assert len(text.splitlines()) <= 250, "the README is a front page: the manual lives in docs/"
+
+
+def test_the_link_checker_can_fail(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Title\n[ok](#title) [bad](#nowhere) [gone](missing.md) `[x](y.md)`\n")
+    assert links(page) == ["#title", "#nowhere", "missing.md"]
+    assert anchors(page) == {"title"}
+
+
+@pytest.mark.parametrize("config", ["paper.yaml", "beyond-80-20.yaml"])
+def test_the_docs_tables_of_job_requests_are_the_configs(config):
+    """docs/cluster.md prints what each job asks for, generated from the config
+    (python -m stages.plan --configfile config/<file> --requests): the two cannot disagree."""
+    from stages.config import load_config
+    from stages.plan import requests_table
+
+    table = requests_table(load_config(ROOT / "config" / config))
+    assert table in (ROOT / "docs" / "cluster.md").read_text(), (
+        f"docs/cluster.md: the table of config/{config} is not the config's; regenerate it with "
+        f"python -m stages.plan --configfile config/{config} --requests")
+
+
+@pytest.mark.parametrize("config, gpu_gb", [("paper.yaml", None), ("paper.yaml", 141.0),
+                                            ("beyond-80-20.yaml", None)])
+def test_the_docs_memory_plans_are_the_configs(config, gpu_gb):
+    """docs/plan.md prints the memory plan of both reproductions as committed."""
+    from stages.config import load_config
+    from stages.plan import plan, render
+
+    text = render(plan(load_config(ROOT / "config" / config), gpu_gb, None))
+    assert text.rstrip("\n") in (ROOT / "docs" / "plan.md").read_text(), (
+        f"docs/plan.md: the plan of config/{config} is out of date; regenerate it with "
+        f"python -m stages.plan --configfile config/{config}"
+        + (f" --gpu-memory-gb {gpu_gb:g}" if gpu_gb else ""))
