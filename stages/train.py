@@ -72,7 +72,6 @@ from .core.engine import (
     build_engine,
     build_reference,
     float32_rotary,
-    free_port,
     init_distributed,
     partitioned_loading,
     resolve_launch,
@@ -93,7 +92,7 @@ from .core.selectors import STATISTICS
 from .keys import checkpoint_name, checkpoint_steps  # noqa: F401  (re-exported)
 from .keys import train_config_keys as config_keys
 
-__all__ = ["free_port", "main"]
+__all__ = ["main"]
 
 STAGE_VERSION = "3"  # 3: the engine holds a Policy (resume states of 2 do not load)
 STATE_FILE = "state.json"

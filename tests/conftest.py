@@ -109,4 +109,3 @@ def local_test_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
         capture_output=True, text=True, env=workflow_env(), cwd=wd,
     )
     return wd, proc
-

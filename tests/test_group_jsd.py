@@ -29,7 +29,7 @@ from stages.core.stats import (
     group_step_jsd,
     jsd_ceiling,
 )
-from stages.train import free_port
+from stages.launch import free_port
 
 G, WIDTH, V, D = 3, 7, 13, 5
 LENGTHS = [7, 4, 2, 5, 5, 1]  # two groups of three responses, right-padded to WIDTH

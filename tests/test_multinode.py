@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stages.core.engine import free_port
+from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, write_yaml
 from tests.test_train import cli_args, job  # noqa: F401  (job: the fixture of a tiny trained base)

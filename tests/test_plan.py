@@ -275,7 +275,7 @@ def _two_rank_worker(out: str) -> None:
 @pytest.mark.slow
 def test_partitioned_states_agree_on_two_ranks(tmp_path):
     """The 1/N terms, ZeRO-3's included, on two gloo processes."""
-    from stages.train import free_port
+    from stages.launch import free_port
 
     code = "import sys; from tests.test_plan import _two_rank_worker; _two_rank_worker(sys.argv[1])"
     port, out = str(free_port()), tmp_path / "two.pt"

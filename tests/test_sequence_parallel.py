@@ -27,7 +27,8 @@ import yaml
 
 from stages.config import ConfigError, validate
 from stages.core import rollouts
-from stages.core.engine import free_port, parallel_groups
+from stages.core.engine import parallel_groups
+from stages.launch import free_port
 from stages.train import check_layout
 from tests.conftest import ROOT
 from tests.test_train import PAD, VOCAB, random_batch

@@ -43,7 +43,7 @@ from stages.core.scorer import (
 from stages.core.scoring import pack
 from stages.core.selectors import SelectionInput, grid, select_tokens, valid_grid
 from stages.core.stats import chunked_token_statistics, group_step_jsd
-from stages.train import free_port
+from stages.launch import free_port
 from tests.conftest import ROOT, run_stage, save_scratch_model, write_problems, write_yaml
 
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,

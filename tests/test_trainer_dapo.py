@@ -27,7 +27,7 @@ from stages.core.policy import Policy
 from stages.core.scorer import micro_batches
 from stages.core.scoring import pack
 from stages.core.selectors import valid_grid
-from stages.train import free_port
+from stages.launch import free_port
 from tests import test_train
 from tests.conftest import ROOT, run_stage, write_yaml
 from tests.test_train import ARCH, PAD, VOCAB, cli_args, random_batch

@@ -27,9 +27,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from stages.core.engine import free_port
 from stages.core.modeling import build_scratch_model
 from stages.core.policy import Policy, gathered_state
+from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, write_yaml
 from tests.test_train import ARCH, PAD, VOCAB, cli_args, job, random_batch  # noqa: F401

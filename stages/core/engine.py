@@ -131,13 +131,6 @@ def parallel_groups(world: int, sequence_parallel: int) -> tuple[list[list[int]]
     return sp, dp
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class Launch:
     """Where this process sits: read from the launcher's environment (none: a group of one)."""
@@ -217,7 +210,6 @@ def init_distributed(launch: Launch, sequence_parallel: int = 1) -> Dist:
     job = Dist(launch.rank, launch.world, launch.device)
     if sequence_parallel == 1:
         return job
-    import torch.distributed as dist
     from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
 
     sp_ranks, dp_ranks = parallel_groups(launch.world, sequence_parallel)
@@ -226,7 +218,7 @@ def init_distributed(launch: Launch, sequence_parallel: int = 1) -> Dist:
               mpu.get_sequence_parallel_group())
     dp_group = None
     for ranks in dp_ranks:  # every rank makes every group
-        group = dist.new_group(ranks)
+        group = tdist.new_group(ranks)
         if launch.rank in ranks:
             dp_group = group
     return Dist(launch.rank // sequence_parallel, len(sp_ranks), launch.device, dp_group, sp=sp,
