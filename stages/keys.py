@@ -8,7 +8,7 @@ from __future__ import annotations
 from .config import Config, Train
 
 EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
-                 "grade_timeout_s", "batch_size", "graders", "batch_invariant")
+                 "grade_timeout_s", "batch_size", "graders", "batch_invariant", "engine_kwargs")
 
 
 def rollout_config_keys(cfg: Config, size: str) -> tuple[str, ...]:

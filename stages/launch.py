@@ -46,6 +46,13 @@ node's step all the CPUs and memory the job has on that node (a bare srun step w
 per task). Outside SLURM the same agents start when each node runs the same command with its own
 --node-rank, and the same --rdzv-endpoint (node 0's address and a port free there) and --rdzv-id.
 
+Every agent of a multi-node job gets GLOO_SOCKET_IFNAME (unless the site set it): the value of
+NCCL_SOCKET_IFNAME when that is set, else the interface this node reaches the rendezvous host
+through. gloo otherwise binds to the address the host name resolves to, which on many clusters is
+a loopback or management address the other nodes cannot reach, and gloo groups cross the nodes:
+DeepSpeed's on CPUs, and vLLM's own (its external launcher builds a gloo group over every rank of
+the job) on GPUs.
+
 Bad input (nodes that do not divide the GPUs, a missing rendezvous, too few GPUs on a node) stops
 the launcher before anything starts, with exit status 2 and one line on stderr.
 """
@@ -176,6 +183,39 @@ def worker_command(gpus: int, command: list[str], processes: str = "per-gpu", *,
             f"--rdzv-conf=is_host={int(node_rank == 0)}", "--no-python", *command]
 
 
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of network interface `name` (Linux's SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def route_interface(host: str) -> str | None:
+    """The network interface this host reaches `host` through (IPv4), or None when it cannot
+    tell (an IPv6 or unresolvable host, no such interface)."""
+    try:
+        address = socket.gethostbyname(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))  # UDP: nothing is sent, the kernel only picks the route
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    return next((name for _, name in socket.if_nameindex() if interface_address(name) == local), None)
+
+
+def gloo_interface(env: dict[str, str], rdzv_host: str) -> str | None:
+    """The GLOO_SOCKET_IFNAME a multi-node agent runs with: the site's own, else
+    NCCL_SOCKET_IFNAME's, else the interface that reaches the rendezvous host (None: leave it)."""
+    return (env.get("GLOO_SOCKET_IFNAME") or env.get("NCCL_SOCKET_IFNAME")
+            or route_interface(rdzv_host))
+
+
 # ----- SLURM ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SlurmJob:
@@ -284,6 +324,11 @@ def main(argv: list[str] | None = None) -> None:
                                    rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
             gpus_here = args.gpus // args.nodes
             check_gpus(gpus_here, visible_gpus() if gpus_here else 0, nodes=args.nodes)
+            if args.nodes > 1:  # gloo groups span the nodes: bind them where the others reach us
+                interface = gloo_interface(dict(os.environ), parse_endpoint(args.rdzv_endpoint)[0])
+                if interface:
+                    os.environ["GLOO_SOCKET_IFNAME"] = interface
+                    log.info("GLOO_SOCKET_IFNAME=%s", interface)
             where = (f"node {args.node_rank} of {args.nodes}" if args.nodes > 1 else "this node") + (
                 f", {gpus_here} GPU(s)" if args.gpus else f", {per_node} CPU process(es)")
     except (GpuShortage, ValueError) as err:

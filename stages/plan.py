@@ -204,10 +204,10 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                           + reference + [runtime])
         problems = []
         if t.backend == "vllm":
+            # a bf16 policy's engine computes its head in float32 (stages.core.samplers): vLLM
+            # 0.31 accumulates the bf16 product into float32 logits on CUDA, with no float32 copy
+            # of the head's weight (its logits are in the workspace)
             needs = mem.vllm_needs(arch, w, tp, seq)
-            if w != 4:  # the engine computes its head in float32 (stages.core.samplers)
-                needs.insert(1, Term("engine float32 head", (4 - w) * arch.vocab * arch.hidden / tp,
-                                     f"{4 - w}VD/{tp}"))
             need = sum(x.bytes for x in needs)
             notes.append("the vLLM engine needs " + " + ".join(f"{x.name} {_gb(x.gb)}" for x in needs)
                          + f" = {_gb(need / GB)} GB per GPU")
@@ -270,13 +270,16 @@ def _generation_plan(cfg: Config, kind: str, size: str, arch: Arch, gpu_gb: floa
         notes.append("vLLM needs " + " + ".join(f"{x.name} {_gb(x.gb)}" for x in needs)
                      + f" = {_gb(need / GB)} GB per GPU")
         if gpu_gb is not None:
-            share = mem.VLLM_DEFAULT_UTILIZATION * gpu_gb * GB
-            figure = Figure([Term("vLLM share", share, f"{mem.VLLM_DEFAULT_UTILIZATION} x {gpu_gb:g} GB")])
+            utilization = section.engine_kwargs.get("gpu_memory_utilization",
+                                                    mem.VLLM_DEFAULT_UTILIZATION)
+            share = utilization * gpu_gb * GB
+            figure = Figure([Term("vLLM share", share, f"{utilization} x {gpu_gb:g} GB")])
             if need > share:
                 problems.append(f"{{name}}: vLLM needs {_gb(need / GB)} GB per GPU (weights over "
                                 f"tensor_parallel_size {tp}, one {arch.max_positions:,}-token "
                                 f"sequence's KV cache, workspace) but its share is "
-                                f"{_gb(share / GB)} GB ({mem.VLLM_DEFAULT_UTILIZATION} x {gpu_gb:g} GB)")
+                                f"{_gb(share / GB)} GB ({utilization} x {gpu_gb:g} GB; "
+                                f"{kind}.engine_kwargs.gpu_memory_utilization)")
         host = host.add(Term("vLLM engine", mem.VLLM_HOST_GB * GB, f"{mem.VLLM_HOST_GB} GB"))
         settings = f"vLLM tp{tp}, max_model_len {arch.max_positions:,}"
         if gpus > tp:

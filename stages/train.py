@@ -402,7 +402,12 @@ def main(args, cfg: Config) -> None:
             max_model_len=longest + max(pool.limits),
             dtype="bfloat16" if tcfg.dtype == "bfloat16" else "float32",
             batch_invariant=tcfg.batch_invariant,
-            tensor_parallel_size=cfg.models[args.size].train_tensor_parallel_size)
+            tensor_parallel_size=cfg.models[args.size].train_tensor_parallel_size,
+            float32_head=tcfg.vllm_float32_head, engine_kwargs=tcfg.engine_kwargs)
+        # an engine built in this process sets torch to one thread on GPUs (where OMP_NUM_THREADS
+        # is unset); vLLM's CPU build instead makes torch.set_num_threads a no-op from here on
+        if args.threads and torch.get_num_threads() != args.threads:
+            torch.set_num_threads(args.threads)
     else:  # generate() of the engine's own module; under ZeRO-3 every rank generates in step
         sampler = HfPolicySampler(policy.lm, tokenizer, tcfg.generation_batch_size,
                                   dist=dist.job if zero3 and dist.job.world > 1 else None)
@@ -416,6 +421,7 @@ def main(args, cfg: Config) -> None:
             group["lr"] = lr_at(step, tcfg, peak_lr)
         sampled = Sampled()
         roll, consumed = collect(step, consumed, cfg, run_seed, sampler, pool, dist, sampled)
+        sampler.release()  # every generation batch of the step is sampled: the engine may sleep
         updates = train_step(step, engine, roll, method, cfg, dist, run_seed, pad_id, ref_model)
         sampler.sync()
         row = step_metrics(step, sampled, roll, updates, dist, time.perf_counter() - t0,

@@ -19,6 +19,8 @@ from stages.launch import (
     LaunchError,
     SlurmJob,
     check_gpus,
+    gloo_interface,
+    route_interface,
     srun_command,
     worker_command,
 )
@@ -199,3 +201,14 @@ def test_torchrun_command_starts_one_rank_per_worker(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     ranks = sorted(line.split() for line in proc.stdout.splitlines() if line.strip())
     assert ranks == [["0", "0", "2"], ["1", "1", "2"]]
+
+
+def test_multi_node_agents_bind_gloo_where_the_other_nodes_reach_them():
+    """GLOO_SOCKET_IFNAME of a multi-node agent: the site's own, else NCCL's, else the interface
+    that reaches the rendezvous host (vLLM's external launcher and DeepSpeed on CPUs build gloo
+    groups across the nodes; gloo otherwise binds where the host name resolves, often loopback)."""
+    assert gloo_interface({"GLOO_SOCKET_IFNAME": "eth9", "NCCL_SOCKET_IFNAME": "ib0"}, "h") == "eth9"
+    assert gloo_interface({"NCCL_SOCKET_IFNAME": "ib0"}, "h") == "ib0"
+    assert gloo_interface({}, "127.0.0.1") == route_interface("127.0.0.1") == "lo"
+    assert route_interface("no-such-host.invalid") is None
+

@@ -63,6 +63,8 @@ def test_two_torchrun_agents_as_two_nodes_equal_two_processes_on_one_node(job): 
     joined = "\n".join(logs)
     assert "--rdzv-backend=c10d --rdzv-endpoint=" + endpoint in joined
     assert "--rdzv-conf=is_host=1" in joined and "--rdzv-conf=is_host=0" in joined
+    # each node's gloo binds the interface that reaches the rendezvous host (here loopback)
+    assert joined.count("GLOO_SOCKET_IFNAME=lo") == 2
     one, two, zero2 = (pl.read_parquet(d / out / "metrics.parquet") for out in ("one-node", "two-nodes", "zero2"))
     assert one["step"].to_list() == [0, 1]
     assert (one["grad_norm"] > 0).all(), "no learning signal: the test would prove nothing"

@@ -18,7 +18,6 @@ import copy
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import polars as pl
@@ -153,22 +152,28 @@ def test_zero3_equals_zero2_through_the_stage(job, dtype):  # noqa: F811
 # One two-process job: actor, scorer, reference, resume, vLLM weights and groups, hf generation
 # ---------------------------------------------------------------------------------------------
 def _recording_llm():
-    """The vLLM stand-in of test_vllm_glue, recording every load_weights call: the names and
-    tensors received, and which of the policy's parameters were whole (gathered) meanwhile."""
+    """The vLLM stand-in of test_vllm_glue, recording every reload call: for each tensor it
+    receives, its name, a copy, which of the policy's parameters were whole (gathered) meanwhile,
+    and whether it shares storage with a parameter's gathered data (not copied)."""
     from tests.test_vllm_glue import FakeLLM
 
     class RecordingLLM(FakeLLM):
         policy = None  # the partitioned module whose gathering is watched
 
         def __init__(self, **kwargs):
-            self.loads: list[tuple[dict, list[str]]] = []
+            self.loads: list[list[tuple[str, torch.Tensor, list[str], bool]]] = []
             super().__init__(**kwargs)
 
-        def _load(self, weights):
-            weights = list(weights)
-            whole = [n for n, p in self.policy.named_parameters() if p.data.numel() == p.ds_numel]
-            self.loads.append(({n: t.clone() for n, t in weights}, whole))
-            super()._load(weights)
+        def _reload(self, weights_iterator=None, **kwargs):
+            seen = []
+            for name, tensor in weights_iterator:
+                params = dict(self.policy.named_parameters())
+                whole = [n for n, p in params.items() if p.data.numel() == p.ds_numel]
+                shared = any(p.data.numel() and tensor.untyped_storage().data_ptr()
+                             == p.data.untyped_storage().data_ptr() for p in params.values())
+                seen.append((name, tensor.clone(), whole, shared))
+            self.loads.append(seen)
+            super()._reload(iter([(n, t) for n, t, _, _ in seen]), **kwargs)
 
     return RecordingLLM
 
@@ -185,7 +190,7 @@ def _zero3_worker(out: str) -> None:
     from stages.core.rollouts import Rollouts
     from stages.core.samplers import HfPolicySampler, VllmPolicySampler
     from stages.core.scorer import micro_batches
-    from tests.test_vllm_glue import FakeParams, FakeTokenizer
+    from tests.test_vllm_glue import FakeTokenizer, fake_vllm_modules
 
     torch.set_num_threads(1)
     base = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
@@ -248,8 +253,8 @@ def _zero3_worker(out: str) -> None:
     # vLLM: the stand-in engine of a group of both ranks (tensor parallelism 2)
     llm_class = _recording_llm()
     llm_class.policy = engine.module.lm
-    sys.modules["vllm"] = types.SimpleNamespace(LLM=llm_class, SamplingParams=FakeParams)
-    policy_mod.GATHER_ELEMENTS = 3000  # the tiny model in several groups
+    sys.modules.update(fake_vllm_modules(llm_class))
+    policy_mod.GATHER_ELEMENTS = 3000  # the tiny model in several groups, layers split
     ref_json = os.path.join(os.path.dirname(out), "base.json")
     sampler = VllmPolicySampler(ref_json, engine.module.lm, FakeTokenizer(), world_size=2, seed=3,
                                 gpu_memory_utilization=0.3, max_model_len=64, dtype="float32",
@@ -257,9 +262,11 @@ def _zero3_worker(out: str) -> None:
     prompts = [["ab"], ["c", "de"]][rank]
     samples = sampler.sample(prompts, n=2, temperature=1.0, top_p=1.0,
                              max_new_tokens=[[4], [5, 6]][rank], prompt_seeds=[[11], [12, 13]][rank])
+    sampler.release()
     sampler.sync()  # the next update's weights
     (llm,) = llm_class.built
     report["vllm"] = {"kwargs": llm.kwargs, "loads": llm.loads, "events": llm.events,
+                      "groups": policy_mod.state_groups(engine.module.lm),
                       "requests": llm.calls[0][0],
                       "params": [(p.seed, p.max_tokens) for p in llm.calls[0][1]],
                       "samples": samples, "state": full_state_dict(engine.module.lm, keep=True)}
@@ -302,6 +309,8 @@ def test_zero3_actor_resume_vllm_and_generation_on_two_processes(tmp_path):
 
 def check_reports(reports: list[dict]) -> None:
     """What _zero3_worker's ranks saw."""
+    from stages.core.samplers import layer_of
+
     one = reports[0]
 
     # the actor: ZeRO-3 = ZeRO-2 (untied head, KL on, ICT's u scored, unequal micro-batches)
@@ -334,19 +343,27 @@ def check_reports(reports: list[dict]) -> None:
         assert [(s.prompt_idx, s.sample_idx, s.response_token_ids) for s in v["samples"]] == [
             (k, j, [i, j, 0]) for k, (i, _) in enumerate(mine) for j in range(2)]
         assert v["events"] == reports[0]["vllm"]["events"]
-        # twice (built, then the update) the full state dict, each name once, group by group;
-        # while a group loads, only its own parameters are whole
-        loads = v["loads"]
-        assert len(loads) % 2 == 0 and len(loads) >= 6
-        half = len(loads) // 2
-        for sync in (loads[:half], loads[half:]):
-            received = [n for group, _ in sync for n in group]
-            assert sorted(received) == sorted(names)
-            for group, whole in sync:
-                assert set(whole) <= set(group) and whole
-        for group, _ in loads[half:]:
-            for name, tensor in group.items():
-                assert torch.equal(tensor, one["vllm"]["state"][name]), name
+        # twice (built, then the update) the full state dict in one reload call each, each name
+        # once, group by group: while a tensor is read only its group's parameters are whole; a
+        # decoder layer split over groups arrives as copies (vLLM holds them until its last
+        # tensor), the others as the gathered tensors themselves
+        groups = v["groups"]
+        assert len(groups) > 2
+        group_of = {n: k for k, names in enumerate(groups) for n in names}
+        layer_groups: dict = {}
+        for n, k in group_of.items():
+            layer_groups.setdefault(layer_of(n), set()).add(k)
+        split = {layer for layer, ks in layer_groups.items() if len(ks) > 1}
+        assert split  # the test's point: some layer spans two groups
+        assert len(v["loads"]) == 2
+        for sync in v["loads"]:
+            assert sorted(n for n, _, _, _ in sync) == sorted(names)
+            for name, _, whole, shared in sync:
+                assert set(whole) <= set(groups[group_of[name]]) and whole
+                if name in dict(r["vllm"]["state"]) and "layers." in name:
+                    assert shared == (layer_of(name) not in split), name
+        for name, tensor, _, _ in v["loads"][1]:
+            assert torch.equal(tensor, one["vllm"]["state"][name]), name
 
     # hf generation in step under ZeRO-3 = the unpartitioned model's samples
     for r in reports:

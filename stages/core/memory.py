@@ -95,8 +95,9 @@ stays is its CUDA graphs and persistent buffers."""
 VLLM_WORKSPACE_GB = 3.0
 """vLLM's own working memory beside weights and KV cache inside its share: the profiled forward
 of a token budget, the sampler's float32 logits, CUDA graphs."""
-VLLM_DEFAULT_UTILIZATION = 0.9
-"""vLLM's gpu_memory_utilization when the job does not set it (rollout and evaluation jobs)."""
+VLLM_DEFAULT_UTILIZATION = 0.92
+"""vLLM 0.31's gpu_memory_utilization when the job does not set it (rollout and evaluation jobs,
+engine_kwargs; vllm/config/cache.py)."""
 PROCESS_HOST_GB = 3.0
 """Host memory of one Python process with torch, CUDA and transformers loaded."""
 VLLM_HOST_GB = 4.0

@@ -105,21 +105,10 @@ def partitioned(module: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
-def gathered_state(module: torch.nn.Module, elements: int | None = None) -> Iterator[dict[str, Tensor]]:
-    """module.state_dict() with full tensors, in groups of consecutive parameters of at most
-    `elements` (default GATHER_ELEMENTS) elements together, each group gathered from its ZeRO-3
-    shards only while the consumer holds it (deepspeed.zero.GatheredParameters, a collective:
-    every rank must iterate to the end). A tied weight appears under each of its names, in one
-    group; buffers (never partitioned) come with the last group. Without ZeRO-3 there is one
-    group: the live tensors, detached. A group's tensors are valid until the next group is asked
-    for: copy what must outlive it."""
-    entries = list(module.state_dict(keep_vars=True).items())
-    if not partitioned(module):
-        yield {name: t.detach() for name, t in entries}
-        return
-    from deepspeed.runtime.zero import GatheredParameters
-
-    elements = elements or GATHER_ELEMENTS
+def _parameter_groups(entries, elements: int) -> list[list[torch.nn.Parameter]]:
+    """The partitioned parameters of state-dict `entries` in groups of consecutive ones of at most
+    `elements` elements together (a larger one alone), each parameter once (a tied one in the
+    group of its first name)."""
     groups: list[list[torch.nn.Parameter]] = []
     size = 0
     seen: set[int] = set()
@@ -133,6 +122,41 @@ def gathered_state(module: torch.nn.Module, elements: int | None = None) -> Iter
             size = 0
         groups[-1].append(t)
         size += n
+    return groups
+
+
+def state_groups(module: torch.nn.Module, elements: int | None = None) -> list[list[str]]:
+    """The state-dict names of each group :func:`gathered_state` yields, in its order, without
+    gathering anything (every rank computes the same)."""
+    entries = list(module.state_dict(keep_vars=True).items())
+    if not partitioned(module):
+        return [[name for name, _ in entries]]
+    names: dict[int, list[str]] = {}
+    for name, t in entries:
+        names.setdefault(id(t), []).append(name)
+    groups = [[name for p in group for name in names[id(p)]]
+              for group in _parameter_groups(entries, elements or GATHER_ELEMENTS)]
+    buffers = [name for name, t in entries if not hasattr(t, "ds_id")]
+    if groups:
+        groups[-1] += buffers
+    return groups
+
+
+def gathered_state(module: torch.nn.Module, elements: int | None = None) -> Iterator[dict[str, Tensor]]:
+    """module.state_dict() with full tensors, in groups of consecutive parameters of at most
+    `elements` (default GATHER_ELEMENTS) elements together, each group gathered from its ZeRO-3
+    shards only while the consumer holds it (deepspeed.zero.GatheredParameters, a collective:
+    every rank must iterate to the end). A tied weight appears under each of its names, in one
+    group; buffers (never partitioned) come with the last group. Without ZeRO-3 there is one
+    group: the live tensors, detached. A group's tensors are valid until the next group is asked
+    for: copy what must outlive it. :func:`state_groups` gives each group's names up front."""
+    entries = list(module.state_dict(keep_vars=True).items())
+    if not partitioned(module):
+        yield {name: t.detach() for name, t in entries}
+        return
+    from deepspeed.runtime.zero import GatheredParameters
+
+    groups = _parameter_groups(entries, elements or GATHER_ELEMENTS)
     names: dict[int, list[str]] = {}
     for name, t in entries:
         names.setdefault(id(t), []).append(name)
