@@ -23,8 +23,20 @@ picks of our earlier token_id and scope_position readings (`sel_ict_token_id`,
 `sel_ict_scope_position`, the file as their scope, by `jsd`), and a random 10% of each response
 (`sel_random10_response`, seeded with the config's seed). readings.parquet (and summary.json's
 "ict_readings") profiles the picks of every reading beside what the paper reports of its picks
-(probability 0.18 ± 0.09, high/low-entropy ratio about 1). Without it the new columns are null and
-readings.parquet holds the paper's rule alone.
+(probability 0.18 ± 0.09, high/low-entropy ratio about 1), and the picks of every token
+(`all_tokens`) for scale. Without it the new columns are null and readings.parquet holds the paper's
+rule alone.
+
+The probability the paper reports can be read two ways (docs/science.md): the response's own
+probability of its token p_{i,t}(y_{i,t}) (prob_*), or the group's, P̄_t(y_{i,t}) (ref_prob_*). So
+every row also profiles its reference at the picks, computed in the same pass over the vocabulary
+as u (stages.core.stats.group_step_reference, float64): the reference's probability of the picked
+token (ref_prob_*), the same with the token's response left out of the mean (ref_prob_out_*), the
+reference's β = Σ_a P̄(a)² (beta_*), and the same restricted to the picks at diverged positions
+(whose response prefix no other active response of the group shares; diverged_*). A reading
+without a reference of its own (token_id, scope_position, the random control, all tokens) is
+profiled against the paper rule's: reference_of says whose. tokens.parquet holds the paper rule's
+per token (ict_ref_prob, ict_ref_prob_out, ict_ref_beta) and `diverged`.
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ from .core.io import ArtifactError, provenance, read_parquet, write_json, write_
 from .core.losses import group_advantages
 from .core.modeling import load_model_and_tokenizer
 from .core.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB, ICT_SOURCE
-from .core.scorer import DEVIATIONS, self_weight
+from .core.scorer import DEVIATIONS, reference_key, self_weight, without_response
 from .core.scoring import stream_statistics
 from .core.selectors import (
     ICT_LABELS,
@@ -57,10 +69,10 @@ from .core.selectors import (
     spec_of,
     valid_grid,
 )
-from .core.stats import CEILING_RTOL, at_ceiling
+from .core.stats import CEILING_RTOL, REFERENCE_FIELDS, at_ceiling, diverged_positions
 from .rollout import ROLLOUT_SCHEMA
 
-STAGE_VERSION = "4"
+STAGE_VERSION = "5"
 
 # The three selectors the stage reports, by the column they fill; parameters are those of the
 # first experiment method using that selector, else the selector's registered defaults.
@@ -72,6 +84,15 @@ READINGS = {v: stat for v, stat in ICT_SCORES.items() if v != "paper"}
 RANDOM_CONTROL = "random10_response"
 RANDOM_CONTROL_RHO = 0.1  # the paper's "random 10%" control, drawn per response like ICT's picks
 RANDOM_CONTROL_LABEL = "random 10% per response (control)"
+ALL_TOKENS = "all_tokens"
+ALL_TOKENS_LABEL = "all tokens (for scale)"
+SPREAD = ("mean", "sd", "median")
+"""How a value is summarised over the picks: mean, sample sd, median (linear interpolation)."""
+REFERENCE_VALUES = ("ref_prob", "ref_prob_out", "beta")
+"""The reference's values at the picks (reference_profile): P̄(y), P̄(y) without the token's
+response, β = Σ_a P̄(a)²."""
+DIVERGED_VALUES = ("prob", *REFERENCE_VALUES)
+"""The values summarised again over the picks at diverged positions (diverged_<value>_<spread>)."""
 PICK_COLUMNS = {
     **{v: f"sel_ict_{stat.removesuffix('_jsd')}" for v, stat in READINGS.items()},
     "token_id": "sel_ict_token_id",
@@ -97,6 +118,12 @@ TOKEN_SCHEMA = pa.schema(
         pa.field("renyi2", pa.float32(), nullable=False),
         pa.field("jsd", pa.float32(), nullable=True),  # null unless a reported selector needs it
         pa.field("ict_u", pa.float32(), nullable=False),
+        # the paper rule's reference at the token: P̄_t(y), the same without the token's response
+        # (null where no other response is active at the step), β = Σ_a P̄_t(a)²
+        pa.field("ict_ref_prob", pa.float32(), nullable=False),
+        pa.field("ict_ref_prob_out", pa.float32(), nullable=True),
+        pa.field("ict_ref_beta", pa.float32(), nullable=False),
+        pa.field("diverged", pa.bool_(), nullable=False),  # no other active response shares its prefix
         # the readings' deviations and picks: null unless token_stats.ict_readings
         *[pa.field(u_column(s), pa.float32(), nullable=True) for s in READINGS.values()],
         pa.field("max_prob", pa.float32(), nullable=False),
@@ -117,6 +144,7 @@ READINGS_SCHEMA = pa.schema(
         pa.field("picks_share", pa.float64(), nullable=False),  # of the file's tokens
         pa.field("prob_mean", pa.float64(), nullable=True),  # p of the sampled token
         pa.field("prob_sd", pa.float64(), nullable=True),  # sample sd
+        pa.field("prob_median", pa.float64(), nullable=True),
         pa.field("max_prob_mean", pa.float64(), nullable=True),
         pa.field("entropy_mean", pa.float64(), nullable=True),  # nats
         pa.field("high_low_ratio", pa.float64(), nullable=True),  # high- / low-entropy picks
@@ -127,6 +155,16 @@ READINGS_SCHEMA = pa.schema(
         pa.field("ceiling_share", pa.float64(), nullable=True),  # u ≥ c(w)·(1 − 1e-3)
         pa.field("early_share", pa.float64(), nullable=True),  # among the first early_positions
         pa.field("eot_share", pa.float64(), nullable=True),  # a stopped response's last token
+        # the reference at the picks (reference_profile): the reading's own, or the paper rule's
+        pa.field("reference_of", pa.string(), nullable=False),
+        *[pa.field(f"{value}_{stat}", pa.float64(), nullable=True)
+          for value in REFERENCE_VALUES for stat in SPREAD],
+        pa.field("ref_prob_out_picks", pa.int64(), nullable=False),  # picks with such a reference
+        pa.field("above_beta_share", pa.float64(), nullable=True),  # P̄(y) > β
+        pa.field("diverged_picks", pa.int64(), nullable=False),
+        pa.field("diverged_share", pa.float64(), nullable=True),  # of the picks
+        *[pa.field(f"diverged_{value}_{stat}", pa.float64(), nullable=True)
+          for value in DIVERGED_VALUES for stat in SPREAD],
         # what the paper reports of its picks, on the paper rule's row only
         pa.field("reported_prob_mean", pa.float64(), nullable=True),
         pa.field("reported_prob_sd", pa.float64(), nullable=True),
@@ -217,9 +255,14 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
     scored = stream_statistics(model, prompts, responses, groups, tokenizer.pad_token_id,
                                temperature, wanted, chunk_positions=ts.chunk_positions,
                                chunk_vocab=ts.chunk_vocab, batch_tokens=ts.batch_tokens,
-                               desc="teacher forcing")
+                               references=True, desc="teacher forcing")
     # (N,) in the compute dtype (float64 for a float64 model), as ranked
     deviations = {name: scored.pop(name) for name in DEVIATIONS if name in scored}
+    # (N,) float64: each deviation's reference at the token (stats.REFERENCE_FIELDS)
+    refs = {name: {f: scored.pop(reference_key(name, f)) for f in REFERENCE_FIELDS}
+            for name in deviations}
+    references = reading_references(refs)
+    diverged = diverged_positions(responses, frame["problem_id"].to_list())  # (N,)
     stats = scored
     # what the selectors rank: the compute dtype, so that a float64 run ranks float64 values
     per_token = {**stats, **deviations, "token_ids": token_ids}
@@ -239,7 +282,8 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
     picks = reading_picks(inp, rho, readings, cfg.seed)
     finished = [r == "stop" for r in frame["finish_reason"].to_list()]
     rows = readings_rows(picks, stats, deviations, groups, lengths, finished, rho,
-                         quantile=ts.high_entropy_quantile, early_positions=ts.early_positions)
+                         quantile=ts.high_entropy_quantile, early_positions=ts.early_positions,
+                         references=references, diverged=diverged)
 
     texts = {i: tokenizer.decode([i]) for i in token_ids.unique().tolist()}
     n = len(token_ids)
@@ -247,6 +291,8 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
 
     def nullable(values: torch.Tensor | None, name: str, dtype) -> pl.Series:
         return pl.Series(name, [None] * n if values is None else values.numpy(), dtype=dtype)
+
+    paper_ref = references["paper"]
 
     table = pl.DataFrame({
         "sample_id": [s for s, k in zip(frame["sample_id"], lengths, strict=True) for _ in range(k)],
@@ -258,6 +304,12 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
         "renyi2": stats["renyi2"].numpy(),
         "jsd": pl.Series("jsd", jsd, dtype=pl.Float32),
         "ict_u": ict_u.numpy(),
+        "ict_ref_prob": paper_ref["ref_prob"].float().numpy(),
+        # NaN (no other response active at the step) is written as null
+        "ict_ref_prob_out": pl.Series("ict_ref_prob_out", paper_ref["ref_prob_out"].float().numpy(),
+                                      dtype=pl.Float32, nan_to_null=True),
+        "ict_ref_beta": paper_ref["beta"].float().numpy(),
+        "diverged": diverged.numpy(),
         **{u_column(s): nullable(deviations[s].float() if s in deviations else None, u_column(s),
                                  pl.Float32)
            for s in READINGS.values()},
@@ -299,30 +351,45 @@ def compute(cfg: Config, model, tokenizer, frame: pl.DataFrame) -> tuple[pl.Data
 
 
 def reading_picks(inp: SelectionInput, rho: float, readings: bool, seed: int) -> dict[str, torch.Tensor]:
-    """(N,) picks of every ICT variant (the paper's rule alone without `readings`) at ρ, and of a
-    random RANDOM_CONTROL_RHO of each response seeded with `seed`, by reading name."""
+    """(N,) picks of every ICT variant (the paper's rule alone without `readings`) at ρ, of a
+    random RANDOM_CONTROL_RHO of each response seeded with `seed`, and every token (ALL_TOKENS,
+    for scale), by reading name."""
     valid = inp.valid
     picks = {v: select_tokens("ict", inp, rho=rho, variant=v)[valid]
              for v in (ICT_VARIANTS if readings else ("paper",))}
     if readings:
         picks[RANDOM_CONTROL] = select_tokens("random", inp, rho=RANDOM_CONTROL_RHO,
                                               scope="response", seed=seed)[valid]
+        picks[ALL_TOKENS] = valid[valid]
     return picks
+
+
+def reading_references(refs: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
+    """REFERENCE_VALUES (N,) float64 of each per-response ICT variant whose deviation was scored,
+    by variant: its reference's probability of the token (ref_prob), the same with the token's
+    response left out (ref_prob_out; scorer.without_response) and β. refs: the deviations'
+    stats.REFERENCE_FIELDS by statistic."""
+    return {variant: {"ref_prob": refs[stat]["prob"], "ref_prob_out": without_response(stat, refs),
+                      "beta": refs[stat]["beta"]}
+            for variant, stat in ICT_SCORES.items() if stat in refs}
 
 
 def readings_rows(picks: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
                   deviations: dict[str, torch.Tensor], groups: list[int], lengths: list[int],
-                  finished: list[bool], rho: float, *, quantile: float,
-                  early_positions: int) -> list[dict]:
+                  finished: list[bool], rho: float, *, quantile: float, early_positions: int,
+                  references: dict[str, dict[str, torch.Tensor]],
+                  diverged: torch.Tensor) -> list[dict]:
     """One READINGS_SCHEMA row per reading of `picks` ((N,) bool each).
 
     stats: the file's per-token entropy, logprob, max_prob (N,); deviations: u (N,) by
     statistic (group_jsd always, the readings' when scored); finished (B,): the response ended
-    on its stop token (finish_reason 'stop'). High-entropy: H above the `quantile` of H over the
-    file; early: among a response's first `early_positions`. The ceiling share of a reading uses
-    its own u and reference weight; the random control and the token_id and scope_position
-    readings, which have no reference of their own, use the paper rule's (ceiling_of says
-    which)."""
+    on its stop token (finish_reason 'stop'); references: REFERENCE_VALUES (N,) by variant
+    (reading_references; the paper's always); diverged (N,) bool (stats.diverged_positions).
+    High-entropy: H above the `quantile` of H over the file; early: among a response's first
+    `early_positions`. The ceiling share and the reference profile of a reading use its own u,
+    reference weight and reference; the random control, all tokens and the token_id and
+    scope_position readings, which have no reference of their own, use the paper rule's
+    (ceiling_of and reference_of say which)."""
     threshold = float(linear_quantile(stats["entropy"].double(), quantile))
     sizes = torch.tensor(lengths)
     positions = torch.cat([torch.arange(k) for k in lengths])  # (N,)
@@ -331,14 +398,18 @@ def readings_rows(picks: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]
     ceilings = {v: at_ceiling(deviations[s], self_weight(s, groups, lengths))
                 for v, s in ICT_SCORES.items() if s in deviations}
     prob = stats["logprob"].double().exp()
+    labels = {**ICT_LABELS, RANDOM_CONTROL: RANDOM_CONTROL_LABEL, ALL_TOKENS: ALL_TOKENS_LABEL}
+    rhos = {RANDOM_CONTROL: RANDOM_CONTROL_RHO, ALL_TOKENS: 1.0}
     return [
         {"reading": name,
-         "label": ICT_LABELS.get(name, RANDOM_CONTROL_LABEL),
-         "rho": RANDOM_CONTROL_RHO if name == RANDOM_CONTROL else rho,
+         "label": labels[name],
+         "rho": rhos.get(name, rho),
          **pick_profile(picked, prob, stats["max_prob"], stats["entropy"], threshold,
                         ceiling=ceilings.get(name, ceilings["paper"]),
                         early=positions < early_positions, eot=eot),
          "ceiling_of": name if name in ceilings else "paper",
+         "reference_of": name if name in references else "paper",
+         **reference_profile(picked, prob, references.get(name, references["paper"]), diverged),
          **reported_columns(name)}
         for name, picked in picks.items()
     ]
@@ -367,8 +438,7 @@ def pick_profile(picked: torch.Tensor, prob: torch.Tensor, max_prob: torch.Tenso
     return {
         "picks": k,
         "picks_share": k / picked.numel() if picked.numel() else 0.0,
-        "prob_mean": mean(prob),
-        "prob_sd": float(prob[picked].double().std()) if k > 1 else None,
+        **spread("prob", prob, picked),
         "max_prob_mean": mean(max_prob),
         "entropy_mean": mean(entropy),
         "high_low_ratio": high / (k - high) if k - high else None,
@@ -376,6 +446,47 @@ def pick_profile(picked: torch.Tensor, prob: torch.Tensor, max_prob: torch.Tenso
         "ceiling_share": share(ceiling),
         "early_share": share(early),
         "eot_share": share(eot),
+    }
+
+
+def spread(name: str, values: torch.Tensor, where: torch.Tensor) -> dict[str, float | None]:
+    """{name}_mean, {name}_sd (sample sd) and {name}_median (linear) of values (N,) at the
+    positions `where` (N,) bool, over the finite ones (NaN: no such value there); None without
+    the values a statistic needs (two for the sd)."""
+    chosen = values[where].double()
+    chosen = chosen[torch.isfinite(chosen)]
+    n = chosen.numel()
+    return {f"{name}_mean": float(chosen.mean()) if n else None,
+            f"{name}_sd": float(chosen.std()) if n > 1 else None,
+            f"{name}_median": float(linear_quantile(chosen, 0.5)) if n else None}
+
+
+def reference_profile(picked: torch.Tensor, prob: torch.Tensor, reference: dict[str, torch.Tensor],
+                      diverged: torch.Tensor) -> dict:
+    """The picks seen from a reference, for the second reading of ICT's reported probability
+    (P̄_t(y), the group's probability of the picked token, not the response's own; METHODS §10).
+
+    All (N,): picked and diverged bool, prob the response's own p(y), reference the
+    REFERENCE_VALUES (float64; ref_prob_out NaN where the response's removal leaves no
+    reference). Every value is summarised by spread() over the picks, and again (with the own
+    p) over the picks at diverged positions; ref_prob_out_picks counts the picks that have a
+    reference without their response; above_beta_share is the share of picks whose P̄(y)
+    exceeds the reference's β (the side on which raising the token's logit lowers the
+    reference's Rényi-2 entropy, in the paper's theory read with π = P̄)."""
+    k = int(picked.sum())
+    at = picked & diverged
+    d = int(at.sum())
+    ref_prob, beta = reference["ref_prob"], reference["beta"]
+    return {
+        **{key: value for name in REFERENCE_VALUES
+           for key, value in spread(name, reference[name], picked).items()},
+        "ref_prob_out_picks": int(torch.isfinite(reference["ref_prob_out"][picked]).sum()),
+        "above_beta_share": int((ref_prob[picked] > beta[picked]).sum()) / k if k else None,
+        "diverged_picks": d,
+        "diverged_share": d / k if k else None,
+        **{key: value for name in DIVERGED_VALUES
+           for key, value in spread(f"diverged_{name}",
+                                    prob if name == "prob" else reference[name], at).items()},
     }
 
 
@@ -487,9 +598,11 @@ def main(args, cfg: Config) -> None:
                  summary["ict_u_mean"],
                  ", ".join(f"{c} {summary[f'selected_fraction_{c}']:.3f}" for c in REPORTED))
     for r in summary["ict_readings"]:
-        cli.log.info("%s: %d picks, p %s, high/low %s, at the ceiling %s", r["label"], r["picks"],
-                     _fmt(r["prob_mean"]) + " ± " + _fmt(r["prob_sd"]), _fmt(r["high_low_ratio"]),
-                     _fmt(r["ceiling_share"]))
+        cli.log.info("%s: %d picks, p %s, P̄(y) %s, high/low %s, at the ceiling %s, diverged %s",
+                     r["label"], r["picks"], _fmt(r["prob_mean"]) + " ± " + _fmt(r["prob_sd"]),
+                     _fmt(r["ref_prob_mean"]) + " ± " + _fmt(r["ref_prob_sd"]),
+                     _fmt(r["high_low_ratio"]), _fmt(r["ceiling_share"]),
+                     _fmt(r["diverged_share"]))
 
 
 def _fmt(value: float | None) -> str:

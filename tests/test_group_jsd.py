@@ -22,11 +22,13 @@ from scipy.special import softmax
 from stages.core.scorer import DEVIATIONS, deviation, deviation_keys, self_weight
 from stages.core.stats import (
     LN2,
+    REFERENCE_FIELDS,
     _key_blocks,
     _Source,
     at_ceiling,
     chunked_token_statistics,
     group_step_jsd,
+    group_step_reference,
     jsd_ceiling,
 )
 from stages.launch import free_port
@@ -234,6 +236,7 @@ def test_bounds(z, scale, seed, chunk_vocab):
 # Two processes holding parts of the same groups
 # ---------------------------------------------------------------------------------------------
 RANK_ROWS = ([0, 1, 3], [2, 4, 5])  # rank 1 holds no row of group 0's steps 2..6
+RANK_TOKENS = torch.randint(0, V, (len(LENGTHS), WIDTH), generator=torch.Generator().manual_seed(3))
 
 
 def _worker(rank, port, out_dir, hidden, weight, bias, mask, cases):
@@ -257,10 +260,11 @@ def _worker(rank, port, out_dir, hidden, weight, bias, mask, cases):
                 calls.append(tuple(buf.shape))
                 return buf
 
-            u = group_step_jsd(hidden[rows], weight, local_keys, 0.7, local_mask, bias,
-                               leave_out=leave_out, all_reduce=all_reduce, all_keys=all_keys,
-                               chunk_positions=3, chunk_vocab=5)
-            out[name] = {"u": u, "calls": calls}
+            ref = group_step_reference(hidden[rows], weight, local_keys, 0.7, local_mask, bias,
+                                       token_ids=RANK_TOKENS[rows], leave_out=leave_out,
+                                       all_reduce=all_reduce, all_keys=all_keys,
+                                       chunk_positions=3, chunk_vocab=5)
+            out[name] = {**ref, "calls": calls}
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -269,7 +273,9 @@ def _worker(rank, port, out_dir, hidden, weight, bias, mask, cases):
 def test_two_ranks_equal_one_process(tmp_path):
     """ICT's rule and every reading: rows of the same keys on two ranks, all_reduce summing the
     per-key counts and sums (group_pooled's 13-row group 0 and response_mean's 7-row response 0
-    are keys larger than chunk_positions, summed over the whole vocabulary)."""
+    are keys larger than chunk_positions, summed over the whole vocabulary). The reference's
+    probability of each token and its β come from the same sums with no collective call of their
+    own, and equal one process's."""
     hidden, weight, bias, _, _ = problem(seed=9)
     cases = {name: reading_layout(name)[1:] for name in READINGS}
     mask = layout()[0]
@@ -287,6 +293,14 @@ def test_two_ranks_equal_one_process(tmp_path):
         for rows, part in zip(RANK_ROWS, parts, strict=True):
             joined[rows] = part[name]["u"]
         torch.testing.assert_close(joined, single, rtol=0, atol=1e-12, msg=name)
+        whole = group_step_reference(hidden, weight, keys, 0.7, mask, bias, token_ids=RANK_TOKENS,
+                                     leave_out=leave_out, chunk_positions=3, chunk_vocab=5)
+        for field in REFERENCE_FIELDS:
+            joined_field = torch.zeros_like(whole[field])
+            for rows, part in zip(RANK_ROWS, parts, strict=True):
+                joined_field[rows] = part[name][field]
+            torch.testing.assert_close(joined_field, whole[field], rtol=0, atol=1e-14,
+                                       equal_nan=True, msg=f"{name} {field}")
         ref = reference(hidden @ weight.T + bias, keys, mask, 0.7, leave_out)
         np.testing.assert_allclose(joined.numpy(), ref, rtol=0, atol=1e-12, err_msg=name)
         assert joined[mask].max() > 1e-3, name

@@ -20,7 +20,7 @@ from stages.core.io import provenance, read_parquet, write_parquet
 from stages.core.losses import group_advantages
 from stages.core.modeling import load_model_and_tokenizer
 from stages.core.problems import generate_arithmetic
-from stages.core.scorer import DEVIATIONS, deviation
+from stages.core.scorer import DEVIATIONS, deviation_reference, reference_key
 from stages.core.scoring import pack, response_hidden, stream_statistics, trunk_and_head
 from stages.core.stats import _Source, chunked_token_statistics, group_step_jsd, token_statistics
 from stages.rollout import ROLLOUT_SCHEMA
@@ -190,11 +190,42 @@ def test_token_stats_stage(rolled, staged):
 
 
 READING_NAMES = ["paper", "response_mean", "group_pooled", "group_leave_one_out", "token_id",
-                 "scope_position", "random10_response"]
+                 "scope_position", "random10_response", "all_tokens"]
 PICKS = {"paper": "sel_ict", "response_mean": "sel_ict_response_mean",
          "group_pooled": "sel_ict_group_pooled", "group_leave_one_out": "sel_ict_group_loo",
          "token_id": "sel_ict_token_id", "scope_position": "sel_ict_scope_position",
          "random10_response": "sel_random10_response"}
+OWN_REFERENCE = ("paper", "response_mean", "group_pooled", "group_leave_one_out")
+
+
+def picked_rows(tokens: pl.DataFrame, reading: str) -> pl.DataFrame:
+    """The token table's rows that a reading picks (every row for all_tokens)."""
+    return tokens if reading == "all_tokens" else tokens.filter(pl.col(PICKS[reading]))
+
+
+def diverged_by_definition(frame: pl.DataFrame) -> list[bool]:
+    """Per flat token: no other response of its problem with a token at step t has the same t
+    first tokens (brute force)."""
+    rows = list(zip(frame["problem_id"], frame["response_token_ids"].to_list(), strict=True))
+    return [not any(j != i and h == g and len(s) > t and s[:t] == r[:t]
+                    for j, (h, s) in enumerate(rows))
+            for i, (g, r) in enumerate(rows) for t in range(len(r))]
+
+
+def spread_of(values: pl.Series) -> tuple[float | None, float | None, float | None]:
+    """(mean, sample sd, linear median) of the non-null values, None where too few."""
+    values = values.drop_nulls().cast(pl.Float64)
+    n = values.len()
+    return (float(values.mean()) if n else None, float(values.std()) if n > 1 else None,
+            float(values.median()) if n else None)
+
+
+def assert_same_spread(got, want, rel: float, msg) -> None:
+    """(mean, sd, median) equal to rel, None where the other is None."""
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None), msg
+        if w is not None:
+            assert g == pytest.approx(w, rel=rel, abs=1e-15), msg
 
 
 def test_token_stats_readings(rolled, staged):
@@ -214,7 +245,7 @@ def test_token_stats_readings(rolled, staged):
     labels = dict(zip(readings["reading"], readings["label"], strict=True))
     assert labels["paper"] == "ICT (paper's rule)"
     assert all(labels[r].endswith("(ours, not ICT)") for r in READING_NAMES[1:6])
-    assert "random" in labels["random10_response"]
+    assert "random" in labels["random10_response"] and labels["all_tokens"] == "all tokens (for scale)"
     rollouts = pl.read_parquet(rolled)
     lengths = rollouts["response_token_ids"].list.len().to_list()
     per_response = sum(math.ceil(0.1 * k) for k in lengths)
@@ -224,16 +255,46 @@ def test_token_stats_readings(rolled, staged):
     eot = last & np.repeat(stopped, lengths)
     summary = json.loads((staged / "summary.json").read_text())
     assert summary["ict_readings"] == readings.to_dicts()
+    # the diverged flags by their definition; the default's responses do diverge, and not all
+    diverged = diverged_by_definition(rollouts)
+    assert tokens["diverged"].to_list() == diverged and 0 < sum(diverged) < len(diverged)
     for row in readings.iter_rows(named=True):
-        picked = tokens.filter(pl.col(PICKS[row["reading"]]))
+        picked = picked_rows(tokens, row["reading"])
         k = picked.height
         assert row["picks"] == k and row["picks_share"] == pytest.approx(k / tokens.height)
-        if row["reading"] not in ("token_id", "scope_position"):  # ceil(ρ·T_i) of each response
+        if row["reading"] == "all_tokens":
+            assert k == tokens.height and row["rho"] == 1.0
+        else:
+            assert row["rho"] == 0.1
+        if row["reading"] in (*OWN_REFERENCE, "random10_response"):  # ceil(ρ·T_i) of each response
             assert k == per_response
-        assert row["rho"] == 0.1
         prob = picked["logprob"].cast(pl.Float64).exp()
         assert row["prob_mean"] == pytest.approx(float(prob.mean()), rel=1e-6)
         assert row["prob_sd"] == pytest.approx(float(prob.std()), rel=1e-5)
+        assert row["prob_median"] == pytest.approx(float(prob.median()), rel=1e-6)
+        # the reference's profile: the reading's own reference, else the paper rule's, whose
+        # values per token the token table holds (float32 there)
+        assert row["reference_of"] == (row["reading"] if row["reading"] in OWN_REFERENCE else "paper")
+        at = picked.filter(pl.col("diverged"))
+        assert row["diverged_picks"] == at.height
+        assert row["diverged_share"] == pytest.approx(at.height / k)
+        assert row["diverged_prob_mean"] == pytest.approx(
+            float(at["logprob"].cast(pl.Float64).exp().mean()), rel=1e-6)
+        if row["reference_of"] == "paper":
+            for value, column in [("ref_prob", "ict_ref_prob"), ("ref_prob_out", "ict_ref_prob_out"),
+                                  ("beta", "ict_ref_beta")]:
+                for where, prefix in ((picked, ""), (at, "diverged_")):
+                    want = spread_of(where[column])
+                    got = tuple(row[f"{prefix}{value}_{s}"] for s in ("mean", "sd", "median"))
+                    assert_same_spread(got, want, 1e-5, (row["reading"], prefix, value))
+            assert row["ref_prob_out_picks"] == picked["ict_ref_prob_out"].drop_nulls().len()
+            above = int((picked["ict_ref_prob"] > picked["ict_ref_beta"]).sum())
+            assert row["above_beta_share"] == pytest.approx(above / k)
+        assert 0 <= row["ref_prob_mean"] <= 1 and 0 < row["beta_mean"] <= 1
+        if row["reading"] == "response_mean":  # nothing is left without the response
+            assert row["ref_prob_out_picks"] == 0 and row["ref_prob_out_mean"] is None
+        else:
+            assert row["ref_prob_out_picks"] > 0
         assert row["max_prob_mean"] == pytest.approx(float(picked["max_prob"].mean()), rel=1e-6)
         assert row["entropy_mean"] == pytest.approx(float(picked["entropy"].mean()), rel=1e-5)
         high = int((picked["entropy"] > threshold).sum())
@@ -241,11 +302,11 @@ def test_token_stats_readings(rolled, staged):
         assert row["high_low_ratio"] == (pytest.approx(high / (k - high)) if k > high else None)
         early = int((picked["position"] < 4).sum())
         assert row["early_share"] == pytest.approx(early / k)
-        mask = tokens[PICKS[row["reading"]]].to_numpy()
+        mask = (np.ones(tokens.height, dtype=bool) if row["reading"] == "all_tokens"
+                else tokens[PICKS[row["reading"]]].to_numpy())
         assert row["eot_share"] == pytest.approx(int((mask & eot).sum()) / k)
         assert 0 <= row["ceiling_share"] <= 1
-        own = row["reading"] in ("paper", "response_mean", "group_pooled", "group_leave_one_out")
-        assert row["ceiling_of"] == (row["reading"] if own else "paper")
+        assert row["ceiling_of"] == row["reference_of"]
         if row["reading"] == "paper":
             assert (row["reported_prob_mean"], row["reported_prob_sd"]) == ICT_SELECTED_PROB
             assert row["reported_high_low_ratio"] == ICT_HIGH_LOW_RATIO["GSM8K"]
@@ -273,7 +334,14 @@ def test_token_stats_readings_off(setup, rolled, tmp_path):
             assert table[column].null_count() == table.height, column
     assert table["jsd"].null_count() == table.height  # nothing reads it without the readings
     assert [r["reading"] for r in summary["ict_readings"]] == ["paper"]
-    assert summary["ict_readings"][0]["picks"] == int(table["sel_ict"].sum())
+    paper = summary["ict_readings"][0]
+    assert paper["picks"] == int(table["sel_ict"].sum())
+    # the paper rule's reference comes with its own u: profiled without the readings too
+    picked = table.filter(pl.col("sel_ict"))
+    assert table["ict_ref_prob"].null_count() == 0 and table["ict_ref_beta"].null_count() == 0
+    assert paper["ref_prob_mean"] == pytest.approx(float(picked["ict_ref_prob"].cast(pl.Float64).mean()),
+                                                   rel=1e-6)
+    assert paper["ref_prob_out_mean"] is not None and paper["diverged_picks"] >= 0
 
 
 def floor(u: list[float]) -> list[float]:
@@ -294,7 +362,9 @@ def test_readings_picks_equal_a_float64_recomputation(setup, rolled, tmp_path):
     """compute() with token_stats.dtype float64 (and chunk_positions 4, so that the groups and
     most responses are keys larger than a block): every reading's u and picks equal a float64
     recomputation from materialised softmaxes, one response at a time, with explicit means; the
-    readings table's profile and ceiling shares follow from those picks."""
+    readings table's profile and ceiling shares follow from those picks, and so does its
+    reference profile: each reference's probability of the picked token, the same without the
+    token's response, β, at every pick and at the diverged ones."""
     from stages.core.stats import jsd_ceiling
     from stages.token_stats import compute
 
@@ -317,6 +387,14 @@ def test_readings_picks_equal_a_float64_recomputation(setup, rolled, tmp_path):
     group = {g: [i for i, x in enumerate(problems) if x == g] for g in dict.fromkeys(problems)}
     u = {name: [] for name in ("paper", "response_mean", "group_pooled", "group_leave_one_out")}
     weight = {name: [] for name in u}
+    # each reference at the token: P̄(y), P̄(y) without the token's response, β (NaN: none)
+    ref = {name: {"ref_prob": [], "ref_prob_out": [], "beta": []} for name in u}
+    nan = float("nan")
+
+    def add(name, mean, out, y):
+        ref[name]["ref_prob"].append(nan if mean is None else float(mean[y]))
+        ref[name]["beta"].append(nan if mean is None else float(mean.square().sum()))
+        ref[name]["ref_prob_out"].append(nan if out is None else float(out[y]))
     for i, p in enumerate(probs):
         mates = group[problems[i]]
         pooled = torch.cat([probs[j] for j in mates]).mean(0)
@@ -334,6 +412,14 @@ def test_readings_picks_equal_a_float64_recomputation(setup, rolled, tmp_path):
             weight["response_mean"].append(1 / len(p))
             weight["group_pooled"].append(1 / n_pooled)
             weight["group_leave_one_out"].append(0.0)
+            y = int(frame["response_token_ids"][i][t])
+            step_mean = torch.stack([probs[j][t] for j in active]).mean(0)
+            step_others = torch.stack([probs[j][t] for j in others]).mean(0) if others else None
+            add("paper", step_mean, step_others, y)
+            add("response_mean", own_mean, None, y)
+            rest = [probs[j] for j in mates if j != i]
+            add("group_pooled", pooled, torch.cat(rest).mean(0) if rest else None, y)
+            add("group_leave_one_out", step_others, step_others, y)
     lengths = [len(p) for p in probs]
     starts = np.cumsum([0, *lengths])
     picks = {}
@@ -379,6 +465,36 @@ def test_readings_picks_equal_a_float64_recomputation(setup, rolled, tmp_path):
         at = np.array(u[ceiling_of]) >= c * (1 - 1e-3)
         at &= c > 0
         assert rows[name]["ceiling_share"] == pytest.approx(at[chosen_rows].mean()), name
+    # the reference profile, against the recomputation (the paper rule's reference for the
+    # readings without one of their own) and the diverged positions by their definition
+    diverged = np.array(diverged_by_definition(frame))
+    assert table["diverged"].to_list() == list(diverged)
+    own_p = np.exp(logprob)
+    n_tokens = len(own_p)
+    for name, mask in {**picks, "random10_response": list(random),
+                       "all_tokens": [True] * n_tokens}.items():
+        row = rows[name]
+        of = name if name in ref else "paper"
+        assert row["reference_of"] == of
+        chosen_rows = np.asarray(mask, dtype=bool)
+        at = chosen_rows & diverged
+        assert row["diverged_picks"] == int(at.sum()) > 0
+        values = {key: np.array(v) for key, v in ref[of].items()} | {"prob": own_p}
+        for key, where, prefix in [(k, chosen_rows, "") for k in ("ref_prob", "ref_prob_out", "beta")] + [
+                (k, at, "diverged_") for k in ("prob", "ref_prob", "ref_prob_out", "beta")]:
+            chosen = values[key][where]
+            chosen = chosen[np.isfinite(chosen)]
+            want = ((float(chosen.mean()), float(chosen.std(ddof=1)) if len(chosen) > 1 else None,
+                     float(np.median(chosen))) if len(chosen) else (None, None, None))
+            got = tuple(row[f"{prefix}{key}_{s}"] for s in ("mean", "sd", "median"))
+            assert_same_spread(got, want, 1e-9, (name, prefix, key))
+        above = values["ref_prob"][chosen_rows] > values["beta"][chosen_rows]
+        assert row["above_beta_share"] == pytest.approx(above.mean(), abs=1e-12), name
+    # the token table holds the paper rule's reference per token
+    np.testing.assert_allclose(table["ict_ref_prob"].to_numpy(), ref["paper"]["ref_prob"], rtol=1e-6)
+    np.testing.assert_allclose(table["ict_ref_beta"].to_numpy(), ref["paper"]["beta"], rtol=1e-6)
+    np.testing.assert_allclose(table["ict_ref_prob_out"].fill_null(float("nan")).to_numpy(),
+                               ref["paper"]["ref_prob_out"], rtol=1e-6, atol=1e-30)
 
 
 def jsd64(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -423,9 +539,9 @@ def test_ict_u_and_picks_equal_a_float64_recomputation(setup, rolled, staged):
 
 
 def whole_file_statistics(model, prompts, responses, groups, pad_id, temperature,
-                          needs=frozenset(), *, chunk_positions, chunk_vocab, **_):
+                          needs=frozenset(), *, chunk_positions, chunk_vocab, references=False, **_):
     """The stage's statistics before it streamed: every hidden state of the file at once, jsd and
-    the deviations over the whole file (stream_statistics' signature)."""
+    the deviations (and their references) over the whole file (stream_statistics' signature)."""
     _, weight, bias = trunk_and_head(model)
     hidden = response_hidden(model, prompts, responses, pad_id)  # (N, D)
     ids = torch.tensor([t for r in responses for t in r])
@@ -434,8 +550,11 @@ def whole_file_statistics(model, prompts, responses, groups, pad_id, temperature
     index = {g: k for k, g in enumerate(dict.fromkeys(groups))}
     lengths = [len(r) for r in responses]
     for name in (n for n in DEVIATIONS if n in needs):
-        out[name] = deviation(name, hidden, weight, [index[g] for g in groups], lengths,
-                              temperature, logsumexp=out["logsumexp"], **kw)
+        ref = deviation_reference(name, hidden, weight, [index[g] for g in groups], lengths,
+                                  temperature, logsumexp=out["logsumexp"],
+                                  token_ids=ids if references else None, **kw)
+        out[name] = ref.pop("u")
+        out |= {reference_key(name, field): value for field, value in ref.items()}
     return {k: v.cpu() for k, v in out.items()}
 
 

@@ -114,14 +114,22 @@ def write_train(root: Path, size, method, seed=0, steps=20) -> Path:
     return d
 
 
+SPREAD = ("mean", "sd", "median")
 READINGS_TYPES = {  # token_stats.READINGS_SCHEMA, as the stage writes it
     "reading": pa.string(), "label": pa.string(), "rho": pa.float64(), "picks": pa.int64(),
     "picks_share": pa.float64(), "prob_mean": pa.float64(), "prob_sd": pa.float64(),
-    "max_prob_mean": pa.float64(), "entropy_mean": pa.float64(), "high_low_ratio": pa.float64(),
-    "high_share": pa.float64(), "ceiling_of": pa.string(), "ceiling_share": pa.float64(),
-    "early_share": pa.float64(), "eot_share": pa.float64(), "reported_prob_mean": pa.float64(),
-    "reported_prob_sd": pa.float64(), "reported_high_low_ratio": pa.float64(),
-    "reported_high_low_ratio_math": pa.float64(), "reported_source": pa.string()}
+    "prob_median": pa.float64(), "max_prob_mean": pa.float64(), "entropy_mean": pa.float64(),
+    "high_low_ratio": pa.float64(), "high_share": pa.float64(), "ceiling_of": pa.string(),
+    "ceiling_share": pa.float64(), "early_share": pa.float64(), "eot_share": pa.float64(),
+    "reference_of": pa.string(),
+    **{f"{v}_{s}": pa.float64() for v in ("ref_prob", "ref_prob_out", "beta") for s in SPREAD},
+    "ref_prob_out_picks": pa.int64(), "above_beta_share": pa.float64(),
+    "diverged_picks": pa.int64(), "diverged_share": pa.float64(),
+    **{f"diverged_{v}_{s}": pa.float64() for v in ("prob", "ref_prob", "ref_prob_out", "beta")
+       for s in SPREAD},
+    "reported_prob_mean": pa.float64(), "reported_prob_sd": pa.float64(),
+    "reported_high_low_ratio": pa.float64(), "reported_high_low_ratio_math": pa.float64(),
+    "reported_source": pa.string()}
 READINGS_ROWS = [  # reading, label, picks, prob mean, sd, ratio, ceiling share
     ("paper", "ICT (paper's rule)", 1235, 0.912, 0.121, 1.05, 0.40),
     ("response_mean", "response-mean reading (ours, not ICT)", 1235, 0.874, 0.150, 0.95, 0.10),
@@ -130,7 +138,26 @@ READINGS_ROWS = [  # reading, label, picks, prob mean, sd, ratio, ceiling share
     ("token_id", "JSD token-id reading (ours, not ICT)", 2010, 0.950, 0.080, 0.40, None),
     ("scope_position", "JSD scope-position reading (ours, not ICT)", 1235, 0.700, 0.250, 2.30, None),
     ("random10_response", "random 10% per response (control)", 1235, 0.820, 0.200, 0.99, 0.05),
+    ("all_tokens", "all tokens (for scale)", 12345, 0.830, 0.210, 1.00, None),
 ]
+OWN_REFERENCE = ("paper", "response_mean", "group_pooled", "group_leave_one_out")
+
+
+def reference_columns(reading: str, picks: int, prob: float) -> dict:
+    """Synthetic reference columns of a readings row: P̄(y) about half the own p, about a third
+    of the picks diverged, P̄(y) there about 1/8 (G = 8); the response-mean reading has no
+    reference without the response."""
+    ref = round(prob / 2, 3)
+    none = reading == "response_mean"
+    values = {"ref_prob": (ref, 0.2, ref - 0.05), "beta": (0.6, 0.2, 0.65),
+              "ref_prob_out": (None, None, None) if none else (ref - 0.1, 0.15, ref - 0.12),
+              "diverged_prob": (prob - 0.05, 0.2, prob), "diverged_ref_prob": (0.15, 0.1, 0.125),
+              "diverged_ref_prob_out": (None, None, None) if none else (0.03, 0.05, 0.0),
+              "diverged_beta": (0.3, 0.1, 0.28)}
+    return {"reference_of": reading if reading in OWN_REFERENCE else "paper",
+            **{f"{v}_{s}": x for v, xs in values.items() for s, x in zip(SPREAD, xs, strict=True)},
+            "ref_prob_out_picks": 0 if none else picks - 5, "above_beta_share": 0.3,
+            "diverged_picks": picks // 3, "diverged_share": (picks // 3) / picks}
 
 
 def write_readings(root: Path, size) -> Path:
@@ -139,12 +166,14 @@ def write_readings(root: Path, size) -> Path:
     rows = []
     for reading, label, picks, prob, sd, ratio, ceiling in READINGS_ROWS:
         paper = reading == "paper"
-        rows.append({"reading": reading, "label": label, "rho": 0.1, "picks": picks,
+        rows.append({"reading": reading, "label": label,
+                     "rho": 1.0 if reading == "all_tokens" else 0.1, "picks": picks,
                      "picks_share": picks / 12345, "prob_mean": prob, "prob_sd": sd,
-                     "max_prob_mean": prob + 0.03, "entropy_mean": 0.2, "high_low_ratio": ratio,
+                     "prob_median": min(prob + 0.05, 1.0), "max_prob_mean": prob + 0.03, "entropy_mean": 0.2, "high_low_ratio": ratio,
                      "high_share": ratio / (1 + ratio), "ceiling_of": reading if ceiling is not None else "paper",
                      "ceiling_share": ceiling if ceiling is not None else 0.4, "early_share": 0.08,
-                     "eot_share": 0.02, "reported_prob_mean": 0.18 if paper else None,
+                     "eot_share": 0.02, **reference_columns(reading, picks, prob),
+                     "reported_prob_mean": 0.18 if paper else None,
                      "reported_prob_sd": 0.09 if paper else None,
                      "reported_high_low_ratio": 1.03 if paper else None,
                      "reported_high_low_ratio_math": 0.99 if paper else None,
@@ -397,8 +426,8 @@ def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
     assert not (tmp_path / "tables" / "ablation.md").exists()
     assert "Ablations" not in (tmp_path / "tables" / "tables.md").read_text()
     html = (tmp_path / "tables" / "tables.html").read_text()
-    # 2 main, 2 ICT gains, total, base gains, token stats, overlap, ICT readings
-    assert "<b>60.0</b>" in html and html.count("<table>") == 9
+    # 2 main, 2 ICT gains, total, base gains, token stats, overlap, ICT readings (two tables)
+    assert "<b>60.0</b>" in html and html.count("<table>") == 10
 
 
 def test_a_registered_table_is_declared_written_and_shown_in_its_order(tmp_path, monkeypatch, default_raw):

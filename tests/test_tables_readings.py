@@ -9,7 +9,7 @@ import pytest
 from stages.config import validate
 from stages.core.render import markdown
 from stages.tables import is_reading, load, method_label, method_params, output_names
-from stages.tables.ict_readings import reading_label, readings_table
+from stages.tables.ict_readings import reading_label, readings_table, reference_table
 from tests.test_tables import (
     READINGS_ROWS,
     READINGS_TYPES,
@@ -36,24 +36,52 @@ def test_readings_table_by_hand(tmp_path, default_raw):
     table, frame = readings_table(cfg, data.readings)
     assert table.columns[8] == "first 4 positions (%)"  # token_stats.early_positions
     rows = table.rows
-    assert [r[0] for r in rows] == ["Tiny-S", "", "", "", "", "", "", "Tiny-M"]
-    assert [r[1] for r in rows[:7]] == [
-        "ICT (paper's rule)", "response-mean reading (ours, not ICT)",
-        "group-pooled reading (ours, not ICT)", "group leave-one-out reading (ours, not ICT)",
-        "JSD token-id reading (ours, not ICT)", "JSD scope-position reading (ours, not ICT)",
-        "random 10% per response (control; ours, not ICT)"]
+    assert [r[0] for r in rows] == ["Tiny-S", "", "", "", "", "", "", "", "Tiny-M"]
+    assert [r[1] for r in rows[:8]] == LABELS
     paper = rows[0]
     assert paper[2:10] == ["1,235 (10.0%)", "0.91 ± 0.12", "0.94", "0.200", "1.05", "40.0", "8.0", "2.0"]
     assert paper[10:] == ["ICT's picks, Qwen2.5 (GSM8K; MATH)", "0.18 ± 0.09", "1.03 (GSM8K); 0.99 (MATH)"]
-    for row in rows[1:7]:  # the reported numbers stand on the paper rule's row only
+    for row in rows[1:8]:  # the reported numbers stand on the paper rule's row only
         assert row[10:] == ["—", "—", "—"]
     assert rows[4][2] == "2,010 (16.3%)"
-    assert rows[7] == ["Tiny-M"] + ["—"] * 12  # no readings.parquet
+    assert rows[7][2:4] == ["12,345 (100.0%)", "0.83 ± 0.21"]
+    assert rows[8] == ["Tiny-M"] + ["—"] * 12  # no readings.parquet
     text = markdown(table)
-    assert "the probability is the discriminating figure" in text
-    assert "a random 10% per response also gives a high/low ratio near 1 under a median split" in text
+    assert "Read as the response's own probability of the token (p here)" in text
+    assert "A random 10% per response also gives a high/low ratio near 1 under a median split" in text
     assert "first 4 tokens (token_stats.early_positions)" in text
     assert frame.filter(pl.col("size") == "tiny-s").height == len(READINGS_ROWS)
+
+
+LABELS = ["ICT (paper's rule)", "response-mean reading (ours, not ICT)",
+          "group-pooled reading (ours, not ICT)", "group leave-one-out reading (ours, not ICT)",
+          "JSD token-id reading (ours, not ICT)", "JSD scope-position reading (ours, not ICT)",
+          "random 10% per response (control; ours, not ICT)", "all tokens (for scale; ours, not ICT)"]
+
+
+def test_reference_table_by_hand(tmp_path, default_raw):
+    """The second table: each reading's picks seen from its reference (the paper rule's for the
+    readings without one), the diverged picks, the paper's figure beside ICT's row only; a file
+    without the reference columns (an older stage) shows dashes."""
+    cfg = validate(config(default_raw), "test")
+    d = write_token_stats(tmp_path, "tiny-s", 0.5)
+    write_readings(tmp_path, "tiny-s")
+    table = reference_table(cfg, load([], [], [str(d)]).readings)
+    rows = table.rows
+    assert [r[1] for r in rows[:8]] == LABELS
+    assert [r[2] for r in rows[:8]] == ["ICT's P̄_t"] + ["its own"] * 3 + ["ICT's P̄_t"] * 4
+    # paper: p 0.912 (median 0.962); P̄(y) 0.456 ± 0.2 (0.406); without the response 0.356 ±
+    # 0.15 (0.336); β 0.6 (0.65); 30% above β; 1235 // 3 = 411 diverged picks
+    assert rows[0][3:] == ["0.91; 0.96", "0.46 ± 0.20 (0.41)", "0.36 ± 0.15 (0.34)", "0.60 (0.65)",
+                           "30.0", "411 (33.3%)", "0.86 ± 0.20 (0.91)", "0.15 ± 0.10 (0.12)",
+                           "0.03 ± 0.05 (0.00)", "0.30 ± 0.10", "0.18 ± 0.09"]
+    assert rows[1][5] == "—"  # the response's own mean: nothing left without the response
+    assert all(r[13] == "—" for r in rows[1:8])
+    assert rows[8] == ["Tiny-M"] + ["—"] * 13
+    text = markdown(table)
+    assert "P̄_t(y) = p(y)/n_t, 1/8 of its own p with n_t = 8" in text and "reference_of" in text
+    old = load([], [], [str(d)]).readings.drop("reference_of")
+    assert reference_table(cfg, old).rows[0] == ["Tiny-S"] + ["—"] * 13
 
 
 def test_reading_labels_always_say_ours():

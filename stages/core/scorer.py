@@ -41,8 +41,9 @@ from .stats import (
     _compute_dtype,
     chunked_token_statistics,
     distribution_sum,
-    group_step_jsd,
+    group_step_reference,
     jsd_to_mean,
+    mean_without,
 )
 
 AllReduce = Callable[[Tensor], Tensor]
@@ -326,10 +327,53 @@ def deviation(name: str, hidden: Tensor, head_weight: Tensor | None, groups: Seq
               chunk_vocab: int = CHUNK_VOCAB) -> Tensor:
     """Statistic `name` of DEVIATIONS (N,) in nats for the flat response tokens hidden (N, D) (or
     logits (N, V) with head_weight None) of responses of `lengths` in `groups`."""
+    return deviation_reference(name, hidden, head_weight, groups, lengths, temperature,
+                               head_bias=head_bias, logsumexp=logsumexp,
+                               chunk_positions=chunk_positions, chunk_vocab=chunk_vocab)["u"]
+
+
+def deviation_reference(name: str, hidden: Tensor, head_weight: Tensor | None,
+                        groups: Sequence[int], lengths: Sequence[int], temperature: float, *,
+                        token_ids: Tensor | None = None, head_bias: Tensor | None = None,
+                        logsumexp: Tensor | None = None, chunk_positions: int = CHUNK_POSITIONS,
+                        chunk_vocab: int = CHUNK_VOCAB) -> dict[str, Tensor]:
+    """:func:`deviation` as ``u`` and, with token_ids (N,), its reference's probability of each
+    token and β, float64 (stats.REFERENCE_FIELDS), from the same pass over the vocabulary."""
     keys = deviation_keys(name, groups, lengths)
-    return group_step_jsd(hidden, head_weight, keys, temperature, head_bias=head_bias,
-                          logsumexp=logsumexp, leave_out=DEVIATIONS[name][1],
-                          chunk_positions=chunk_positions, chunk_vocab=chunk_vocab)
+    return group_step_reference(hidden, head_weight, keys, temperature, head_bias=head_bias,
+                                logsumexp=logsumexp, token_ids=token_ids,
+                                leave_out=DEVIATIONS[name][1], chunk_positions=chunk_positions,
+                                chunk_vocab=chunk_vocab)
+
+
+def reference_key(name: str, field: str) -> str:
+    """The key of a deviation's reference field (stats.REFERENCE_FIELDS) among per-token values."""
+    return f"{name}/{field}"
+
+
+def without_response(name: str, refs: dict[str, dict[str, Tensor]]) -> Tensor:
+    """(N,) float64: the reference of statistic `name` (DEVIATIONS) at each token's own token,
+    P̄(y), with the token's whole response left out of the mean (stats.mean_without, ours).
+
+    refs: REFERENCE_FIELDS (N,) by statistic. At a step (group_jsd, group_loo_jsd) the response is
+    the row itself: the mean of the other active responses at the step (group_loo_jsd's own
+    reference; NaN where the response is alone). The response's own mean (response_mean_jsd)
+    leaves nothing: NaN. The group's pooled mean (group_pooled_jsd) leaves out the response's
+    positions, whose sum at each token is the response-mean reference's key_sum, so refs must
+    hold response_mean_jsd as well."""
+    kind, _ = DEVIATIONS[name]
+    ref = refs[name]
+    if kind == "group_step":
+        part, part_count = ref["own"], 1.0
+    elif kind == "response":
+        part, part_count = ref["key_sum"], ref["count"]
+    else:
+        mine = refs.get("response_mean_jsd")
+        if mine is None:
+            raise ValueError(f"{name}: leaving the response out of the group's pooled mean needs "
+                             "the response-mean reference's sums (response_mean_jsd)")
+        part, part_count = mine["key_sum"], mine["count"]
+    return mean_without(ref["key_sum"], ref["count"], part, part_count)
 
 
 def _scope_deviations(head: torch.nn.Module, hv: Tensor, lse: Tensor, *, scope: Scope,

@@ -155,13 +155,16 @@ def group_members(groups: Sequence[Hashable]) -> list[list[int]]:
 @torch.no_grad()
 def stream_statistics(model, prompts, responses, groups: Sequence[Hashable], pad_id: int,
                       temperature: float, needs=frozenset(), *, chunk_positions: int,
-                      chunk_vocab: int, batch_size: int = BATCH_SEQUENCES,
+                      chunk_vocab: int, references: bool = False,
+                      batch_size: int = BATCH_SEQUENCES,
                       batch_tokens: int | None = BATCH_TOKENS,
                       desc: str | None = None) -> dict[str, Tensor]:
     """Per-token statistics (N,) of every response token, in (sequence, position) order, on the
     CPU in the compute dtype (float32; float64 for a float64 model): always STAT_KEYS; ``jsd``
     (to the mean distribution of the whole file) and the deviations of scorer.DEVIATIONS
-    (group_jsd: ICT's u, and the readings) that `needs` names.
+    (group_jsd: ICT's u, and the readings) that `needs` names; with `references`, beside each
+    deviation its reference's probability of the token and β (stats.REFERENCE_FIELDS, float64,
+    under scorer.reference_key(name, field)), from the deviation's own pass.
 
     groups (B,): the group of each sequence (any hashable, e.g. the problem id). The groups are
     visited one at a time, in order of first appearance: the trunk gives the group's hidden states
@@ -170,7 +173,7 @@ def stream_statistics(model, prompts, responses, groups: Sequence[Hashable], pad
     file's p̄: the first pass adds up Σ p (V,) in float64 (float32 within a block of
     chunk_positions rows, as stats.distribution_sum), a second pass recomputes each group's
     hidden states for JSD(p ‖ p̄); without ``jsd`` there is one pass."""
-    from .scorer import DEVIATIONS, deviation  # scorer imports this module
+    from .scorer import DEVIATIONS, deviation_reference, reference_key  # scorer imports this module
 
     _, weight, bias = trunk_and_head(model)
     chunks = {"chunk_positions": chunk_positions, "chunk_vocab": chunk_vocab}
@@ -199,9 +202,12 @@ def stream_statistics(model, prompts, responses, groups: Sequence[Hashable], pad
                                          **chunks)[0].double()
                         for a in range(0, hidden.shape[0], chunk_positions))
         for name in wanted:  # one group: its references are all within it
-            out[name] = deviation(name, hidden, weight, [0] * len(idx),
-                                  [lengths[i] for i in idx], temperature, head_bias=bias,
-                                  logsumexp=lse, **chunks)
+            ref = deviation_reference(name, hidden, weight, [0] * len(idx),
+                                      [lengths[i] for i in idx], temperature, head_bias=bias,
+                                      logsumexp=lse, token_ids=ids if references else None,
+                                      **chunks)
+            out[name] = ref.pop("u")
+            out |= {reference_key(name, field): value for field, value in ref.items()}
         return {k: v.cpu() for k, v in out.items()}, total
 
     parts: dict[str, list[Tensor]] = {}

@@ -12,8 +12,13 @@ Every quantity is in nats:
 - :func:`group_step_jsd`  ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t), P̄_t the mean over the
   responses of i's group that are active at step t (METHODS §3); with other keys, or leaving
   the row out of its own reference, the readings of the reference that the summaries leave open
+- :func:`group_step_reference`  the same u and, in the same pass, the reference's probability of
+  the position's token P̄(y) (ICT: P̄_t(y_{i,t})) and its β = Σ_a P̄(a)², float64 (REFERENCE_FIELDS);
+  :func:`mean_without` leaves a part of a reference (the row, the response) out of its mean
 - :func:`jsd_ceiling`  c(w), the largest JSD(p ‖ w·p + (1 − w)·r): how far u can go when p's own
   weight in its reference is w
+- :func:`diverged_positions`  the positions whose response prefix no other active response of the
+  group shares
 
 There is one implementation, written over *blocks* of scaled logits (positions × vocabulary):
 the moments of a block are merged with an online logsumexp (running max, running sums), so the
@@ -35,7 +40,8 @@ differs from (h · W^T + b) / T only by float rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -519,6 +525,54 @@ def group_step_jsd(
     holds no row. The float64 sums make u independent of how rows are split, to rounding. Without
     all_reduce, all_keys defaults to this call's unique keys.
     """
+    return group_step_reference(
+        hidden, head_weight, keys, temperature, mask, head_bias, logsumexp, leave_out=leave_out,
+        all_reduce=all_reduce, all_keys=all_keys, chunk_positions=chunk_positions,
+        chunk_vocab=chunk_vocab)["u"]
+
+
+REFERENCE_FIELDS = ("prob", "beta", "key_sum", "own", "count")
+"""What :func:`group_step_reference` returns per position beside u, float64 (METHODS §3, ours):
+
+- ``prob``     the reference's probability of the position's token, P̄(y) (ICT: P̄_t(y_{i,t}));
+- ``beta``     β = Σ_a P̄(a)², the reference's collision probability (1/V ≤ β ≤ 1);
+- ``key_sum``  S_k(y) = Σ_j p_j(y) over the key's rows j, the row itself included, whatever
+  leave_out says (so that a caller can leave out another part of the key: :func:`mean_without`);
+- ``own``      p_i(y), the position's own probability of its token, from the same blocks;
+- ``count``    n_k, the key's rows (over every rank).
+
+Leaving the row out, prob and beta are those of (S_k − p_i) / (n_k − 1), NaN for a lone row
+(it has no reference)."""
+
+
+@torch.no_grad()
+def group_step_reference(
+    hidden: Tensor,
+    head_weight: Tensor | None,
+    keys: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    head_bias: Tensor | None = None,
+    logsumexp: Tensor | None = None,
+    *,
+    token_ids: Tensor | None = None,
+    leave_out: bool = False,
+    all_reduce: Callable[[Tensor], Tensor] | None = None,
+    all_keys: Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> dict[str, Tensor]:
+    """:func:`group_step_jsd` (``u``) and, with token_ids (...), the reference's probability of
+    each position's token and its β, from the same pass over the vocabulary (REFERENCE_FIELDS).
+
+    Arguments, u, blocks, ranks and memory as :func:`group_step_jsd`. The extras read the float64
+    per-key sums that u's references are made of, at the column of each row's token (a gather per
+    vocabulary chunk) and, for β, their squares summed over each chunk (of the key's mean; of each
+    row's own reference leaving the row out, whose float64 block exists anyway): nothing of size
+    positions × V is added, and no collective call (they read the sums after all_reduce). A key
+    that one row alone holds has prob = own exactly (its sum is the row's p) and β = Σ p². The
+    extras are float64 (..., 0 at masked positions); u is in the compute dtype.
+    """
     src = _Source(hidden, head_weight, temperature, mask, head_bias, chunk_positions, chunk_vocab)
     if keys.shape != src.shape:
         raise ValueError(f"keys shape {tuple(keys.shape)} != positions {tuple(src.shape)}")
@@ -526,6 +580,7 @@ def group_step_jsd(
         raise ValueError(f"keys must be integers, got {keys.dtype}")
     row_keys, order = torch.sort(keys.reshape(-1).to(src.device)[src.rows].long(), stable=True)
     src.reorder(order)  # the rows of a key are now contiguous
+    ids = None if token_ids is None else _token_ids_valid(src, token_ids)  # (N_valid,) sorted rows
     lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)  # (N_valid,)
     if all_keys is None:
         if all_reduce is not None:
@@ -537,8 +592,10 @@ def group_step_jsd(
             raise ValueError("all_keys must be 1-D, sorted and unique")
     n_keys = all_keys.numel()
     out = torch.zeros(src.n, dtype=src.dtype, device=src.device)  # (N_valid,)
+    extras = None if ids is None else {
+        f: torch.zeros(src.n, dtype=torch.float64, device=src.device) for f in ("key_sum", "own", "beta")}
     if n_keys == 0:
-        return src.scatter(out)
+        return _reference_result(src, out, extras, None, leave_out)
     key_index = torch.searchsorted(all_keys, row_keys)  # (N_valid,) into all_keys
     if src.n and not bool((all_keys[key_index.clamp(max=n_keys - 1)] == row_keys).all()):
         raise ValueError("keys missing from all_keys")
@@ -555,16 +612,58 @@ def group_step_jsd(
         a, b = start[k0], start[k1]
         if a == b and all_reduce is None:
             continue  # keys of all_keys that no row here holds, and no rank to answer
+        block = None if extras is None else {f: v[a:b] for f, v in extras.items()}  # views
+        row_ids = None if ids is None else ids[a:b]
         if k1 - k0 == 1 and float(counts[k0]) > chunk_positions:
-            out[a:b] = _large_key_jsd(src, lse, a, b, float(divisor[k0]), leave_out, all_reduce)
+            out[a:b] = _large_key_jsd(src, lse, a, b, float(divisor[k0]), leave_out, all_reduce,
+                                      row_ids, block)
         else:
             out[a:b] = _key_block_jsd(src, lse, a, b, key_index[a:b] - k0, divisor[k0:k1],
-                                      leave_out, all_reduce)
+                                      leave_out, all_reduce, row_ids, block)
     if leave_out:
         out[counts[key_index] < 2] = 0.0  # a lone row: no other response to compare with
     out.clamp_(0.0, LN2)
     out[out < U_FLOOR_ULPS * torch.finfo(out.dtype).eps] = 0.0
-    return src.scatter(out)
+    return _reference_result(src, out, extras, counts[key_index], leave_out)
+
+
+def _reference_result(src: _Source, u: Tensor, extras: dict[str, Tensor] | None,
+                      count: Tensor | None, leave_out: bool) -> dict[str, Tensor]:
+    """group_step_reference's dict, every value scattered to the positions' shape; extras
+    (key_sum, own, beta per sorted valid row) and count (N_valid,) float64 become
+    REFERENCE_FIELDS."""
+    if extras is None:
+        return {"u": src.scatter(u)}
+    if count is None:  # no valid position
+        count = torch.zeros(src.n, dtype=torch.float64, device=src.device)
+    # the reference's probability of the token: the key's mean, without the row's own p(y)
+    # leaving it out
+    prob = (mean_without(extras["key_sum"], count, extras["own"]) if leave_out
+            else mean_without(extras["key_sum"], count, torch.zeros_like(count), 0.0))
+    if leave_out:
+        extras["beta"][count < 2] = math.nan  # no reference: nothing to square
+    values = {"prob": prob, "beta": extras["beta"], "key_sum": extras["key_sum"],
+              "own": extras["own"], "count": count}
+    return {"u": src.scatter(u), **{f: src.scatter(values[f]) for f in REFERENCE_FIELDS}}
+
+
+def mean_without(total: Tensor, count: Tensor, part: Tensor, part_count: Tensor | float = 1.0
+                 ) -> Tensor:
+    """(total − part) / (count − part_count), float64: the mean over a set of `count` members
+    whose sum is `total`, with a part of `part_count` members summing to `part` left out (one
+    row: its own value and 1; a response: its own sum and length). Clamped at 0, since the
+    difference of two float sums can round below 0 where the rest holds ~0; NaN where nothing is
+    left (count − part_count < 1). All broadcast; counts are whole numbers."""
+    left = torch.as_tensor(count, dtype=torch.float64) - part_count  # (...)
+    rest = total.double() - part.double()
+    return torch.where(left > 0.5, _divide_rest(rest, left.clamp_min(1.0)),
+                       torch.tensor(math.nan, dtype=torch.float64, device=rest.device))
+
+
+def _divide_rest(rest: Tensor, divisor: Tensor | float) -> Tensor:
+    """rest / divisor clamped at 0, in place (rest float64: a sum minus the part left out, which
+    can round below 0 where the others' values are ~0); divisor ≥ 1."""
+    return rest.div_(divisor).clamp_min_(0.0)
 
 
 def _key_blocks(counts: list[int], limit: int) -> list[tuple[int, int]]:
@@ -582,18 +681,26 @@ def _key_blocks(counts: list[int], limit: int) -> list[tuple[int, int]]:
     return blocks
 
 
-def _leave_out_reference(rest: Tensor, divisor: Tensor | float, out: Tensor) -> Tensor:
-    """rest / divisor clamped at 0 (S − p can round below 0 where the others' p is ~0), written
-    into out in its dtype; rest (n, v) float64 holds S − p, divisor (n, 1) or a float."""
-    return out.copy_(rest.div_(divisor).clamp_min_(0.0))
+def _at_tokens(values: Tensor, ids: Tensor, c0: int, c1: int, rows: Tensor | None = None) -> Tensor:
+    """(n,) float64: each row's entry at its token's column of a vocabulary chunk [c0, c1), 0 for
+    a row whose token lies outside it; values (m, c1 − c0) holds row r's entries in its row r,
+    or in its row rows[r]."""
+    local = ids - c0
+    inside = (local >= 0) & (local < c1 - c0)
+    which = torch.arange(ids.numel(), device=ids.device) if rows is None else rows
+    return torch.where(inside, values[which, local.clamp(0, c1 - c0 - 1)].double(), 0.0)
 
 
 def _key_block_jsd(src: _Source, lse: Tensor, a: int, b: int, local: Tensor, divisor: Tensor,
-                   leave_out: bool, all_reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+                   leave_out: bool, all_reduce: Callable[[Tensor], Tensor] | None,
+                   ids: Tensor | None = None, extras: dict[str, Tensor] | None = None) -> Tensor:
     """u (b - a,) of sorted valid rows a..b holding whole keys; local (b - a,) the key of each row
-    within the block, divisor (k,) float64 of each key."""
+    within the block, divisor (k,) float64 of each key. With ids (b - a,) the rows' tokens, adds
+    each row's key_sum, own and beta (REFERENCE_FIELDS) of this block's chunks into extras."""
     k = divisor.numel()
     u = torch.zeros(b - a, dtype=src.dtype, device=src.device)
+    key_beta = None if extras is None or leave_out else torch.zeros(k, dtype=torch.float64,
+                                                                    device=src.device)
     for c0, c1 in src.vocab_chunks():
         sums = torch.zeros(k, c1 - c0, dtype=torch.float64, device=src.device)  # (k, v)
         p = src.probs(a, b, c0, c1, lse) if b > a else None  # (n, v)
@@ -603,22 +710,32 @@ def _key_block_jsd(src: _Source, lse: Tensor, a: int, b: int, local: Tensor, div
             sums = all_reduce(sums)
         if p is None:
             continue
+        if extras is not None:
+            extras["key_sum"] += _at_tokens(sums, ids, c0, c1, rows=local)
+            extras["own"] += _at_tokens(p, ids, c0, c1)
         _, scratch = src.buffers(b - a, c1 - c0)
         if leave_out:
             rest = sums.index_select(0, local).sub_(p)  # (n, v) float64: S_k − p_i
             ref = _leave_out_reference(rest, divisor[local, None], scratch)
+            if extras is not None:  # rest now holds each row's float64 reference
+                extras["beta"] += rest.square_().sum(dim=1)
         else:
-            mean = sums.div_(divisor[:, None]).to(src.dtype)  # (k, v); exactly p for a lone key
-            ref = torch.index_select(mean, 0, local, out=scratch)
+            mean = sums.div_(divisor[:, None])  # (k, v) float64; exactly p for a lone key
+            if key_beta is not None:
+                key_beta += mean.square().sum(dim=1)
+            ref = torch.index_select(mean.to(src.dtype), 0, local, out=scratch)
         u += _jsd_block(p, ref)
+    if key_beta is not None:
+        extras["beta"] += key_beta[local]
     return u
 
 
 def _large_key_jsd(src: _Source, lse: Tensor, a: int, b: int, divisor: float, leave_out: bool,
-                   all_reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+                   all_reduce: Callable[[Tensor], Tensor] | None, ids: Tensor | None = None,
+                   extras: dict[str, Tensor] | None = None) -> Tensor:
     """u (b - a,) of sorted valid rows a..b, all of one key of more than chunk_positions rows
     (over every rank): the key's sum over the whole vocabulary first, then the JSD terms, in
-    sub-blocks of chunk_positions rows."""
+    sub-blocks of chunk_positions rows. With ids (b - a,), extras as :func:`_key_block_jsd`."""
     sums = torch.zeros(src.vocab, dtype=torch.float64, device=src.device)  # (V,)
     for a1 in range(a, b, src.cp):
         b1 = min(a1 + src.cp, b)
@@ -626,20 +743,36 @@ def _large_key_jsd(src: _Source, lse: Tensor, a: int, b: int, divisor: float, le
             sums[c0:c1] += src.probs(a1, b1, c0, c1, lse).sum(dim=0, dtype=torch.float64)
     if all_reduce is not None:
         sums = all_reduce(sums)
-    mean = None if leave_out else (sums / divisor).to(src.dtype)  # (V,)
+    mean = None if leave_out else sums / divisor  # (V,) float64
+    if extras is not None:
+        extras["key_sum"] += sums[ids]
+        if mean is not None:
+            extras["beta"] += mean.square().sum()
+    mean = None if mean is None else mean.to(src.dtype)
     u = torch.zeros(b - a, dtype=src.dtype, device=src.device)
     for a1 in range(a, b, src.cp):
         b1 = min(a1 + src.cp, b)
+        rows = slice(a1 - a, b1 - a)
         for c0, c1 in src.vocab_chunks():
             p = src.probs(a1, b1, c0, c1, lse)  # (n, v)
+            if extras is not None:
+                extras["own"][rows] += _at_tokens(p, ids[rows], c0, c1)
             if leave_out:
                 _, scratch = src.buffers(b1 - a1, c1 - c0)
                 rest = torch.sub(sums[None, c0:c1], p)  # (n, v) float64: S_k − p_i
                 ref = _leave_out_reference(rest, divisor, scratch)
+                if extras is not None:
+                    extras["beta"][rows] += rest.square_().sum(dim=1)
             else:
                 ref = mean[None, c0:c1]
-            u[a1 - a : b1 - a] += _jsd_block(p, ref)
+            u[rows] += _jsd_block(p, ref)
     return u
+
+
+def _leave_out_reference(rest: Tensor, divisor: Tensor | float, out: Tensor) -> Tensor:
+    """rest / divisor clamped at 0 (_divide_rest, in place: rest holds it after), written into
+    out in its dtype; rest (n, v) float64 holds S − p, divisor (n, 1) or a float."""
+    return out.copy_(_divide_rest(rest, divisor))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,3 +808,31 @@ def at_ceiling(u: Tensor, w: Tensor) -> Tensor:
     cannot deviate and is never at the ceiling."""
     c = jsd_ceiling(w)
     return (c > 0) & (u.double() >= c * (1.0 - CEILING_RTOL))
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a response's context is its own
+# ---------------------------------------------------------------------------------------------
+def diverged_positions(responses: Sequence[Sequence[int]], groups: Sequence[Hashable]) -> Tensor:
+    """(N,) bool over the flat response tokens, in (response, position) order: position t of
+    response i is diverged when no other response of its group that is still active at step t
+    (has a token there) begins with the same t tokens y_{i,<t} (ours, METHODS §10).
+
+    The responses of a group share the prompt, so equal prefixes mean equal contexts and equal
+    distributions p at step t: at a shared position the group's step mean P̄_t holds p_i several
+    times; at a diverged one p_i enters it once, P̄_t(y) = p_i(y)/n_t + the others' share. Step 0
+    is diverged only where the response is alone in its group. Exact (token ids, no rounding):
+    a trie of each group's prefixes counts the active responses at each node."""
+    if len(responses) != len(groups):
+        raise ValueError(f"{len(responses)} responses but {len(groups)} groups")
+    visits: list[int] = []  # per flat token: the trie node of its prefix
+    count: Counter = Counter()  # active responses per node
+    children: dict[tuple, int] = {}
+    root = {g: i for i, g in enumerate(dict.fromkeys(groups))}  # one root node per group
+    for tokens, group in zip(responses, groups, strict=True):
+        node = -1 - root[group]  # roots are negative, trie nodes 0, 1, ...
+        for token in tokens:
+            visits.append(node)
+            count[node] += 1
+            node = children.setdefault((node, int(token)), len(children))
+    return torch.tensor([count[node] == 1 for node in visits], dtype=torch.bool)
