@@ -73,6 +73,7 @@ def main(args, cfg: Config) -> None:
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
         seed=cfg.seed, batch_size=r.batch_size,
         tensor_parallel_size=cfg.models[args.size].tensor_parallel_size,
+        stop_tokens=cfg.models[args.size].stop_tokens,
     )
     samples = generate(r.backend, args.model, problems["prompt"].to_list(), settings,
                        desc=f"rollouts {args.size}")

@@ -85,7 +85,7 @@ class _Partial:
 
     def __init__(self, items: list[tuple[int, int]], k: int) -> None:
         self.bins = [_Bin() for _ in range(k)]
-        for b, (index, length) in zip(self.bins, items):
+        for b, (index, length) in zip(self.bins, items, strict=False):  # 1 or k items
             b.items.append((index, length))
             b.total += length
         self._order()

@@ -32,11 +32,13 @@ class HfPolicySampler:
     forwards until every rank's is) and make equally many generate() calls (a rank with fewer
     batches generates a one-token stand-in and discards it)."""
 
-    def __init__(self, model, tokenizer, batch_size: int, dist=None) -> None:
+    def __init__(self, model, tokenizer, batch_size: int, dist=None,
+                 stop_tokens: str = "end_of_turn") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dist = dist
+        self.stop_tokens = stop_tokens  # models.<size>.stop_tokens
 
     def sync(self) -> None:
         """Nothing to do: generation reads the live parameters."""
@@ -54,7 +56,8 @@ class HfPolicySampler:
         try:
             out = sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
                             top_p=top_p, max_new_tokens=max_new_tokens, prompt_seeds=prompt_seeds,
-                            batch_size=self.batch_size, desc=desc, synced_gpus=synced)  # no gradient
+                            batch_size=self.batch_size, desc=desc, synced_gpus=synced,
+                            stop_tokens=self.stop_tokens)  # no gradient
             for _ in range(pad):
                 sample_hf(self.model, self.tokenizer, [self.tokenizer.eos_token], n=1,
                           temperature=temperature, top_p=top_p, max_new_tokens=1,
@@ -99,7 +102,9 @@ class VllmPolicySampler:
 
     def __init__(self, model_ref, model, tokenizer, *, world_size: int, seed: int,
                  gpu_memory_utilization: float, max_model_len: int, dtype: str,
-                 batch_invariant: bool = False, tensor_parallel_size: int = 1) -> None:
+                 batch_invariant: bool = False, tensor_parallel_size: int = 1,
+                 stop_tokens: str = "end_of_turn") -> None:
+        self.stop_tokens = stop_tokens  # models.<size>.stop_tokens
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if batch_invariant:
             os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read when the engine is built
@@ -210,7 +215,7 @@ class VllmPolicySampler:
                           temperature=temperature, top_p=top_p,
                           max_new_tokens=[x for s in shares for x in s[1]],
                           prompt_seeds=[x for s in shares for x in s[2]], logprobs=True,
-                          use_tqdm=False)
+                          use_tqdm=False, stop_tokens=self.stop_tokens)
         self.llm.sleep(level=2)
         self.asleep = True
         return [dataclasses.replace(x, prompt_idx=x.prompt_idx - offset) for x in out
