@@ -36,6 +36,22 @@ job = test_train.job  # the tiny trained-format model and its prompts (module fi
 CPU = engine_glue.Dist(0, 1, torch.device("cpu"))
 
 
+def two_ranks(worker: str, out) -> None:
+    """Run `worker(out)` of this module on two gloo processes and wait for both (a rank left
+    waiting in a collective never returns: the timeout ends the test)."""
+    code = f"import sys; from tests.test_trainer_dapo import {worker}; {worker}(sys.argv[1])"
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        log, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, log[-3000:]
+
+
 # ---------------------------------------------------------------------------------------------
 # Rollout collection
 # ---------------------------------------------------------------------------------------------
@@ -119,17 +135,7 @@ def test_pooled_dynamic_sampling_over_two_ranks_trains_what_one_rank_would(test_
     """Kept groups are counted over both ranks in stream order; the first prompts_per_step go to
     the ranks that train their mini-batch slots (mini-batch k's slots split evenly), whichever rank
     sampled them."""
-    code = "import sys; from tests.test_trainer_dapo import _pooled_worker; _pooled_worker(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "two.pt")], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, log[-3000:]
+    two_ranks("_pooled_worker", tmp_path / "two.pt")
     two = torch.load(tmp_path / "two.pt")
     cfg = dapo_config(test_raw, prompts_per_step=4, mini_batch_prompts=2, generation_batch_multiple=2)
     pool = pool_of(POOL_KINDS)
@@ -534,17 +540,7 @@ def test_virtual_micro_batches_are_verls_on_two_processes(tmp_path):
     """Two physical ranks, each computing 2 of verl's 4 data-parallel groups (its sequences moved
     there from the ranks that sampled them): the same masks, loss and averaged gradients as
     verl's definition."""
-    code = "import sys; from tests.test_trainer_dapo import _virtual_worker; _virtual_worker(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.pt")], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, log[-3000:]
+    two_ranks("_virtual_worker", tmp_path / "out.pt")
     check_against_verl(torch.load(tmp_path / "out.pt"))
 
 
@@ -665,17 +661,7 @@ def _unequal_worker(out: str) -> None:
 
 @pytest.mark.slow
 def test_unequal_lengths_under_zero2_complete_on_two_processes(tmp_path):
-    code = "import sys; from tests.test_trainer_dapo import _unequal_worker; _unequal_worker(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.pt")], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=300)  # a rank left waiting in a reduction never returns
-        assert p.returncode == 0, log[-3000:]
+    two_ranks("_unequal_worker", tmp_path / "out.pt")
     result = torch.load(tmp_path / "out.pt")
     assert result["counts"][0] < result["counts"][1]  # the budget split them unequally
     assert result["calls"] == max(result["counts"]) and result["norm"] > 0
