@@ -56,7 +56,7 @@ def test_the_log_ratio_is_clamped_at_20_as_verl_does():
     ratio = torch.exp(delta.detach().clamp(-20.0, 20.0))
     expect = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
     assert torch.equal(loss.detach(), expect)
-    assert float(loss[-1]) == math.exp(20.0)  # Â = −1 at Δ = 90: e^20, not e^90
+    assert float(loss.detach()[-1]) == math.exp(20.0)  # Â = −1 at Δ = 90: e^20, not e^90
     loss.sum().backward()
     assert delta.grad[0] == 0 and delta.grad[5] == 0 and delta.grad[6] == 0  # the clamp's
     assert delta.grad[4] == pytest.approx(math.exp(19.5))  # within: d(−rÂ)/dΔ = r
