@@ -30,7 +30,7 @@ tokens that slice predicts, so the group's terms add up to one rank's.
 (stages.core.batching.virtual_step; the sequences moved to the rank that computes their virtual
 data-parallel group, stages.core.rollouts.virtual_minibatches), and each of its virtual
 micro-batches ranks its own tokens on the current policy's scores (a no-grad rescoring pass,
-which equals the gradient forward's up to rounding, exactly in float32 on the same kernels); a
+which equals the gradient forward's up to the rounding of a different batching); a
 micro-batch's loss is the mean over its own selected tokens × B_micro / B_mini (its share of its
 group's mini-batch), and the groups' losses are averaged, as verl's ranks' gradients are. The
 physical forwards (3) are then any size memory allows.
