@@ -202,6 +202,15 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                           + mem.head_terms(arch, rows, w, cfg.token_stats.chunk_positions,
                                            cfg.token_stats.chunk_vocab, sp)
                           + reference + [runtime])
+        # the sampling pass and the rescoring passes between optimizer steps: no activations kept
+        sequences = max(1, min(t.micro_batch_size, tokens // seq))
+        gathered = [] if t.zero_stage != 3 else [  # ZeRO-3 gathers each layer's parameters
+            Term("gathered largest layer", w * arch.largest_layer, f"{w} x {arch.largest_layer:,}"),
+            *(b for b in states.buckets if b.name == "prefetch bucket")]
+        scoring = Figure(states.resident + gathered + states.kept + reference + [runtime]
+                         + mem.scoring_terms(arch, w, tokens, sequences, seq,
+                                             cfg.token_stats.chunk_positions,
+                                             cfg.token_stats.chunk_vocab, sp, t.padding_free))
         problems = []
         if t.backend == "vllm":
             # a bf16 policy's engine computes its head in float32 (stages.core.samplers): vLLM
@@ -225,8 +234,9 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                 rollout = rollout.add(*needs)
                 notes.append("no GPU memory given: the rollout phase counts the vLLM engine's "
                              "needs, not its share")
-            training = training.add(Term("vLLM engine asleep", mem.VLLM_ASLEEP_GB * GB,
-                                         f"{mem.VLLM_ASLEEP_GB} GB (level 2)"))
+            asleep = Term("vLLM engine asleep", mem.VLLM_ASLEEP_GB * GB,
+                          f"{mem.VLLM_ASLEEP_GB} GB (level 2)")
+            training, scoring = training.add(asleep), scoring.add(asleep)
         else:
             rollout = rollout.add(*mem.hf_generation_terms(arch, w, t.generation_batch_size, seq))
         host = _train_host(t, arch, layout, states, m.train_processes_per_node())
@@ -244,7 +254,8 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                     + (f" sp{sp}" if sp > 1 else "")
                     + f" mb {tokens:,} tok" + (f" tp{tp}" if t.backend == "vllm" and tp > 1 else ""))
         plans.append(JobPlan("train", size, methods, m.train_nodes, m.train_gpus_per_node(), settings,
-                             {"load": load, "rollout": rollout, "training": training}, host,
+                             {"load": load, "rollout": rollout, "scoring": scoring,
+                              "training": training}, host,
                              mem_gb, mem_key, gpu_gb, gpu_key, ds, problems, notes))
     return plans
 
@@ -376,6 +387,7 @@ GROUPS = {
     "activations": ("checkpointed", "one layer", "layer activations", "activation gradients",
                     "final hidden"),
     "head": ("head",),
+    "scoring": ("scoring",),
     "loaded model": ("policy loaded", "reference loaded", "largest layer gathered"),
     "reference": ("reference",),
     "engine": ("vLLM", "engine", "KV", "generation"),
