@@ -464,11 +464,11 @@ def totals_lines(plan: CostPlan) -> list[str]:
 def summary_table(plans: list[CostPlan]) -> str:
     """The reproductions' totals as one Markdown table (README and docs/cluster.md print it)."""
     rows = [["configuration", "GPU jobs", "GPU-hours (est.)", "GPU-hours requested (one attempt "
-             "each)", "longest chain (est.)", "disk kept (est.)", "resume states (peak)"]]
+             "each)", "longest chain (est.)", "disk kept (est.)", "resume states (all at once)"]]
     rows.append(["---"] * len(rows[0]))
-    for p in plans:
+    for p in plans:  # the requests are the config's own numbers, not estimates: exact
         rows.append([f"`{p.source}`", f"{p.jobs:,}", approx(p.gpu_hours),
-                     approx(p.requested_gpu_hours), hours(p.chain_min()), size_of(p.kept_bytes),
+                     f"{p.requested_gpu_hours:,.0f}", hours(p.chain_min()), size_of(p.kept_bytes),
                      size_of(p.transient_bytes)])
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
