@@ -750,7 +750,7 @@ class Cost(Strict):
     startup_minutes: float = Field(
         10.0, ge=0, description="minutes each job and each resubmitted training spends before "
         "its first step or sample: loading the model and its state, starting vLLM")
-    problems: dict[Name, int] = Field(
+    problems: dict[Name, Annotated[int, Field(gt=0)]] = Field(
         default_factory=dict, description="benchmark -> its number of problems, where the plan's "
         "table of known sources (stages.cost.KNOWN_PROBLEMS) lacks it")
     sizes: dict[Name, CostRates] = Field(

@@ -64,6 +64,8 @@ class JobCost:
     kept_bytes: float
     transient_bytes: float = 0.0
     detail: list[str] = field(default_factory=list)
+    steps: int = 0
+    """A training's rollout steps (0 for other jobs)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -78,7 +80,7 @@ class JobCost:
         """What two rows must share to be printed as one."""
         return (self.rule, self.size, self.gpus, self.work_min, self.wall_min, self.attempts,
                 self.request_min, self.attempt_min, self.kept_bytes, self.transient_bytes,
-                tuple(self.detail))
+                tuple(self.detail), self.steps)
 
     def as_dict(self) -> dict:
         return {"rule": self.rule, "size": self.size, "methods": self.methods, "jobs": self.jobs,
@@ -270,7 +272,7 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
         + (f"; resume states up to 2 x {size_of(transient / 2)} while it runs" if resumes else ""),
     ]
     return JobCost("train", size, [method], len(cfg.experiment.seeds), gpus, work_min, wall, n,
-                   request, attempt, kept, transient, detail)
+                   request, attempt, kept, transient, detail, t.steps)
 
 
 def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int | None,
@@ -284,7 +286,7 @@ def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int |
     if rule == "rollout":
         samples = section.prompts * section.n
         tokens = samples * min(rates.response_tokens, section.max_new_tokens)
-        kept = samples * (rates.prompt_tokens + tokens / samples) * cc.ROLLOUT_BYTES_PER_TOKEN
+        kept = (samples * rates.prompt_tokens + tokens) * cc.ROLLOUT_BYTES_PER_TOKEN
         what = f"{section.prompts:,} prompts x {section.n}"
     else:
         limit_new = section.max_new_tokens
@@ -383,7 +385,7 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
                             f"it, up to the partition's limit)")
         elif r.rule == "train" and r.attempts is None:
             problems.append(f"{name}: a checkpoint interval (train.checkpoint_every steps of about "
-                            f"{hours(r.work_min / cfg.train.steps)}) and the start-up do not fit "
+                            f"{hours(r.work_min / r.steps)}) and the start-up do not fit "
                             f"in one attempt of {hours(r.attempt_min)}: it would never get past a "
                             f"resume state; checkpoint more often or ask for more time")
         elif r.rule == "train" and r.attempts > 1:

@@ -281,6 +281,7 @@ def test_the_training_rules_retries():
     (lambda r: r["cost"]["sizes"].update({"qwen9": {"train_mfu": 0.5}}),
      "cost.sizes.qwen9: unknown model size"),
     (lambda r: r["cost"].update(problems={"nope": 3}), "cost.problems.nope: unknown dataset"),
+    (lambda r: r["cost"].update(problems={"aime24": 0}), "cost.problems.aime24: Input should be greater than 0"),
     (lambda r: r["cost"].update(generation_batches=11),
      "cost.generation_batches: 11 generation batches per step on average, but a step stops after 10"),
     (lambda r: r["cost"]["sizes"]["qwen3-14b"].update(generation_batches=12),

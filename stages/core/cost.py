@@ -170,7 +170,7 @@ def partition_max_minutes(partition: str | None,
         return None
     try:
         proc = run(["scontrol", "show", "partition", "--oneliner", *([partition] if partition else [])],
-                   capture_output=True, text=True, timeout=20)
+                   capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
