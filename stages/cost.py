@@ -258,6 +258,9 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
     # a new state is written before the old one goes (stages.train.save_state): two at the peak
     transient = 2 * cc.resume_state_bytes(arch, w, t.zero_stage) if resumes else 0.0
     shown = " + ".join(f"{k} {v:.3g}" for k, v in passes.items())
+    # decoding is bound by memory bandwidth, not FLOPs: the share of the peak that 2 P_mm FLOPs
+    # per generated token make at the assumed rate shows how far from compute-bound it is assumed
+    decode = 2 * cc.matmul_params(arch) * rates.generation_tokens_per_s / (rates.gpu_tflops * 1e12)
     detail = [
         f"per step: generation {hours(gen_s / 60)} ({approx(generated / 1e6)}M tokens"
         + (f", {approx(batches / t.generation_batch_multiple)} generation batches of "
@@ -267,7 +270,8 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
         + f" + overhead {hours(rates.step_overhead_s / 60)}; {t.steps:,} steps"
         + (f" ({rescored_steps:,} rescored)" if rescore and rescored_steps != t.steps else ""),
         f"forwards over {approx(trained / 1e6)}M trained tokens x {approx(fwd / 1e9)} GFLOP: "
-        f"{shown}",
+        f"{shown}; generation at 2 P_mm FLOPs per token uses {approx(100 * decode)}% of the "
+        f"GPUs' peak",
         f"disk: {1 + checkpoints} Hugging Face checkpoint(s) of {size_of(kept / (1 + checkpoints))}"
         + (f"; resume states up to 2 x {size_of(transient / 2)} while it runs" if resumes else ""),
     ]
