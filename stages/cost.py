@@ -24,6 +24,7 @@ from .core import cost as cc
 from .core.cost import approx, hours, size_of
 from .core.memory import dtype_bytes
 from .keys import checkpoint_steps
+from .plan import model_arch  # the memory plan's dimensions of a size (errors name the key)
 
 # Problems of the benchmark sources the shipped configs read, by (dataset, config, split,
 # adapter); each count is the one the config's comment or the dataset's card gives.
@@ -201,12 +202,6 @@ def attempt_runtime(rule: str, request: int, attempt: int, limit: int | None) ->
     return attempt_minutes(request if rule == "train" else request * attempt, limit)
 
 
-def _arch(cfg: Config, size: str):
-    from .plan import model_arch  # the memory plan's dimensions (errors name the key)
-
-    return model_arch(cfg, size)
-
-
 def _rescores(cfg: Config, method: str) -> bool:
     """Whether the method rescores mini-batches after the first: methods.<m>.rescore with a
     selector that reads statistics (stages.train.train_step's condition, scorer_needs)."""
@@ -225,7 +220,7 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
     tokens (stages.core.cost.step_forwards) at the FLOPs of a token, and a fixed overhead."""
     m, t = cfg.models[size], cfg.train_for(method, size)
     rates, meth = cfg.cost.of(size), cfg.methods[method]
-    arch = arch or _arch(cfg, size)
+    arch = arch or model_arch(cfg, size)
     gpus = m.gpus.train
     limit_resp = max(cfg.datasets[d].max_response_tokens or t.max_response_tokens
                      for d in cfg.experiment.train_datasets)
@@ -318,7 +313,7 @@ def teacher_forcing_cost(cfg: Config, rule: str, size: str, method: str, limit: 
     """The token statistics of the base model's rollouts, or their overlap under a trained model:
     one no-gradient forward over the rollouts' prompt + response tokens on the first GPU."""
     m, rates, r = cfg.models[size], cfg.cost.of(size), cfg.rollout
-    arch = arch or _arch(cfg, size)
+    arch = arch or model_arch(cfg, size)
     prompt, resp = rates.prompt_tokens, min(rates.response_tokens, r.max_new_tokens)
     tokens = r.prompts * r.n * (prompt + resp)
     flops = tokens * cc.forward_flops(arch, cc.mean_context(prompt, resp))
@@ -359,7 +354,7 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
         g = cfg.models[size].gpus
         if not any((g.rollout, g.token_stats, g.train, g.evaluate)):
             continue
-        arch = _arch(cfg, size)
+        arch = model_arch(cfg, size)
         if g.rollout:
             rows.append(generation_cost(cfg, "rollout", size, "base", limit, 1))
         if g.token_stats:
@@ -407,7 +402,7 @@ def train_retries(cfg: Config, limit: int | None) -> int | None:
     for size in cfg.experiment.sizes:
         if not cfg.models[size].gpus.train:
             continue
-        arch = _arch(cfg, size)
+        arch = model_arch(cfg, size)
         for method in cfg.experiment.methods:
             most = max(most, train_cost(cfg, size, method, limit, arch).attempts or 1)
     return most - 1 if most > 1 else None
