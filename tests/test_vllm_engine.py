@@ -287,6 +287,10 @@ def test_training_through_the_engine_float32_and_bf16(vpy, tmp_path, test_raw):
     write_problems(tmp_path / "rl.parquet",
                    generate_arithmetic(32, min_terms=2, max_terms=3, max_add=9, max_mul=9, seed=2))
     raw = copy.deepcopy(test_raw)
+    # an untrained model is never right: a grader that calls half of every group right gives every
+    # step advantages that move the policy (tests/vllm_checks.py registers it)
+    raw["selector_modules"] = ["tests.vllm_checks"]
+    raw["datasets"]["rl"]["grader"] = "alternate"
     raw["train"].update(backend="vllm", steps=3, lr=1e-2,
                         engine_kwargs={"enforce_eager": True, "kv_cache_memory_bytes": 32 << 20})
     runs = {"float32": {}, "bf16, float32 head": {"dtype": "bfloat16", "zero_stage": 1},
@@ -305,6 +309,8 @@ def test_training_through_the_engine_float32_and_bf16(vpy, tmp_path, test_raw):
             f"step {m['step']} mean {m['rollout_logprob_diff_mean']:.3g} max "
             f"{m['rollout_logprob_diff_max']:.3g} kl {m['rollout_kl']:.3g}" for m in metrics))
     assert all(m["rollout_logprob_diff_max"] <= 1e-5 for m in rows["float32"]), rows["float32"]
+    assert all(m["grad_norm"] > 0 for m in rows["float32"]), [
+        (m["accuracy"], m["grad_norm"]) for m in rows["float32"]]
     # ... while the policy moved: an engine left with the old weights would be far off
     base = load_file(next((tmp_path / "checkpoint").glob("*.safetensors")))
     final = load_file(tmp_path / "float32" / "final" / "model.safetensors")

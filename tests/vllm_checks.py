@@ -136,6 +136,26 @@ def zero3_reload(out: str, model_ref: str) -> None:
     sampler.close()  # vLLM's teardown destroys the process group too
 
 
+def _register_test_grader() -> None:
+    """A grader for training an untrained model through the engine (selector_modules:
+    [tests.vllm_checks]): right at every other position of the batch it grades. Rollouts grade a
+    step's responses group by group (G even), so every group is half right whatever the model
+    writes, and the advantages move the policy from the first step (an untrained model is never
+    right, and its responses are too alike for a rule on their text to split them)."""
+    from stages.core.grading import Grade
+    from stages.core.rewards import GRADERS, register_grader
+
+    if "alternate" in GRADERS:
+        return
+
+    @register_grader("alternate", scored=False, answer_types=("math",))
+    def grade_alternate(responses, golds, answer_types, timeout_s):
+        return [Grade(i % 2 == 0, str(i % 2), None) for i in range(len(responses))]
+
+
+_register_test_grader()
+
+
 if __name__ == "__main__":
     check, *rest = sys.argv[1:]
     {"signatures": signatures, "sampling": sampling, "zero3_reload": zero3_reload}[check](*rest)
