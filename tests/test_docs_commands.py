@@ -10,7 +10,9 @@ holds the repository's Snakefile, workflow/, config/ and slurm/ and no results:
 - `python -m stages.plan ...` for real;
 - any other stage's CLI only parses: its `--help` must list every flag the command uses.
 Usage lines with placeholders (FILE, N, [--json]) run with the values in PLACEHOLDERS. The
-commands that cannot run here are in SKIPPED, each with its reason.
+commands that cannot run here are in SKIPPED, each with its reason. A code block whose first line
+is `# <file name>` (docs/science.md's selector, grader and config overlay) is written to the
+working folder first, so a command may use it; the examples' own tests are at the end.
 
 One subprocess runs them all (`python -m tests.test_docs_commands`, reading the commands as JSON
 on stdin), so Snakemake and torch are imported once: about 40 s for the lot (marked slow).
@@ -124,6 +126,12 @@ def plan(command: str) -> dict:
             "nested": nested}
 
 
+def example_files(text: str) -> dict[str, str]:
+    """{name: content} of the page's code blocks that start with a `# <name>.py|yaml` line."""
+    return {m.group(1): m.group(2) for m in re.finditer(
+        r"```(?:python|yaml)\n# ([\w.-]+\.(?:py|yaml))\n(.*?)```", text, flags=re.S)}
+
+
 def documented() -> list[tuple[str, str]]:
     """(page, command) for every command of every page, usage lines expanded, duplicates once."""
     seen, out = set(), []
@@ -153,6 +161,9 @@ def results(tmp_path_factory) -> dict[str, dict]:
     wd = tmp_path_factory.mktemp("docs-commands")
     for part in ("Snakefile", "workflow", "config", "slurm"):
         (wd / part).symlink_to(ROOT / part)
+    for page in PAGES:
+        for name, content in example_files(page.read_text()).items():
+            (wd / name).write_text(content)
     jobs = [plan(c) for _, c in documented()] + [plan(c) for c in MUST_FAIL]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PWD": str(wd)}
@@ -192,6 +203,62 @@ def test_a_documented_command_runs(page, command, results):
 @pytest.mark.parametrize("command", MUST_FAIL)
 def test_the_checker_fails_a_broken_command(command, results):
     assert not results[command]["ok"], f"`{command}` should have failed"
+
+
+# ---- the examples of docs/science.md --------------------------------------------------------
+
+@pytest.fixture
+def science_examples(tmp_path, monkeypatch):
+    """docs/science.md's example files written to a folder that is the working directory."""
+    files = example_files((ROOT / "docs" / "science.md").read_text())
+    assert {"my_selectors.py", "my_graders.py", "my.yaml"} <= set(files), sorted(files)
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_selector_example_validates_and_selects(science_examples):
+    """The overlay merged onto the default as Snakemake merges two --configfiles validates, and the
+    selector picks the tokens of surprisal above its threshold."""
+    import torch
+    import yaml
+    from snakemake.utils import update_config
+
+    from stages.config import validate
+    from stages.core.selectors import SELECTORS, SelectionInput, select_tokens
+
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    update_config(raw, yaml.safe_load((science_examples / "my.yaml").read_text()))
+    try:
+        cfg = validate(raw, "config/config.yaml, my.yaml")
+        assert "surprise" in cfg.experiment.methods
+        assert cfg.methods["surprise"].needs() == {"logprob"}
+        assert cfg.methods["surprise"].selector_params() == {"threshold": 3.0}
+        inp = SelectionInput(valid=torch.tensor([[True, True, True, False]]),
+                             logprob=torch.tensor([[-0.5, -3.5, -4.0, -9.0]]))
+        assert select_tokens("surprise", inp, threshold=3.0).tolist() == [[False, True, True, False]]
+    finally:
+        SELECTORS.pop("surprise", None)
+
+
+def test_the_grader_example_grades_and_a_benchmark_can_name_it(science_examples):
+    import yaml
+
+    from stages.config import validate
+    from stages.core.rewards import GRADERS
+
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    raw["selector_modules"] = ["my_graders.py"]
+    raw["datasets"]["arith-easy"]["grader"] = "last_number"
+    try:
+        validate(raw, "config/config.yaml")
+        grades = GRADERS["last_number"].fn(["so it is 42", "", "7 or 8"], ["42", "1", "7"],
+                                          ["math"] * 3, 5.0)
+        assert [(g.correct, g.extracted, g.error) for g in grades] == [
+            (True, "42", None), (False, None, "no_answer"), (False, "8", None)]
+    finally:
+        GRADERS.pop("last_number", None)
 
 
 # ---- the runner: one process for every command -------------------------------------------------
