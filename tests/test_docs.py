@@ -146,3 +146,17 @@ def test_the_marker_check_can_fail():
     assert unmarked_ours("a: 1  # ours (not found)\nb: 2  # Ours: x\nc: {label: \"x (ours)\"}\n") == [
         "1: a: 1  # ours (not found)", "2: b: 2  # Ours: x"]
     assert unmarked_ours("a: 1  # ours: not found; veRL's\n# x. # ours: y\n") == []
+
+
+def test_the_config_reference_is_the_config_models():
+    """docs/config-reference.md is generated from stages/config.py's fields: regenerate it with
+    python scripts/config_reference.py after changing a field."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "config-reference.md").read_text()
+    assert module.render() == page, (
+        "docs/config-reference.md is out of date: run python scripts/config_reference.py")
+    assert "| `checkpoint_every` |" in page and "| `overlap_top` |" in page
