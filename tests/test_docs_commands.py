@@ -127,9 +127,13 @@ def plan(command: str) -> dict:
 
 
 def example_files(text: str) -> dict[str, str]:
-    """{name: content} of the page's code blocks that start with a `# <name>.py|yaml` line."""
-    return {m.group(1): m.group(2) for m in re.finditer(
+    """{name: content} of the page's code blocks that start with a `# <name>.py|yaml` line, or
+    whose info string names the file (```jsonl my_bench.jsonl: a data file has no comments)."""
+    files = {m.group(1): m.group(2) for m in re.finditer(
         r"```(?:python|yaml)\n# ([\w.-]+\.(?:py|yaml))\n(.*?)```", text, flags=re.S)}
+    files |= {m.group(1): m.group(2) for m in re.finditer(
+        r"```\w+ ([\w.-]+\.\w+)\n(.*?)```", text, flags=re.S)}
+    return files
 
 
 def documented() -> list[tuple[str, str]]:
@@ -211,7 +215,8 @@ def test_the_checker_fails_a_broken_command(command, results):
 def science_examples(tmp_path, monkeypatch):
     """docs/science.md's example files written to a folder that is the working directory."""
     files = example_files((ROOT / "docs" / "science.md").read_text())
-    assert {"my_selectors.py", "my_graders.py", "my.yaml"} <= set(files), sorted(files)
+    assert {"my_selectors.py", "my_graders.py", "my.yaml", "my_bench.jsonl", "my_bench.yaml"} <= set(files), \
+        sorted(files)
     for name, content in files.items():
         (tmp_path / name).write_text(content)
     monkeypatch.chdir(tmp_path)
@@ -259,6 +264,25 @@ def test_the_grader_example_grades_and_a_benchmark_can_name_it(science_examples)
             (True, "42", None), (False, None, "no_answer"), (False, "8", None)]
     finally:
         GRADERS.pop("last_number", None)
+
+
+def test_the_benchmark_example_prepares(science_examples):
+    """The benchmark block merged onto the default validates, and the stage's loader reads the
+    example file into problems with the ids, questions and answers the page shows."""
+    import yaml
+    from snakemake.utils import update_config
+
+    from stages.config import validate
+    from stages.prepare_data import prepare
+
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    update_config(raw, yaml.safe_load((science_examples / "my_bench.yaml").read_text()))
+    cfg = validate(raw, "config/config.yaml, my_bench.yaml")
+    assert "my-bench" in cfg.experiment.benchmarks
+    rows = prepare(cfg, "my-bench")
+    assert [(r["problem_id"], r["question"], r["answer"]) for r in rows] == [
+        ("b1", "7 + 8", "15"), ("b2", "6 * 7", "42"), ("b3", "9 - 4 - 3", "2")]
+    assert rows[0]["prompt"] == "Q: 7 + 8 A:"
 
 
 # ---- the runner: one process for every command -------------------------------------------------
