@@ -40,7 +40,7 @@ PLACEHOLDERS = {"FILE": "config/beyond-80-20.yaml", "MINUTES": "2880", "N": "80"
 # Commands that cannot run on a machine without a finished run or a cluster, each with why.
 SKIPPED = {
     "snakemake --report results/default/report.html":
-        "needs the finished run's outputs; tests/test_workflow.py builds the report of config/test.yaml",
+        "needs the finished run's outputs; tests/test_tables.py and tests/test_browser.py build a report",
 }
 COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:\.venv/bin/)?(?:snakemake(?:\s|$)|python -m stages\.)")
 
