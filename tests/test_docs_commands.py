@@ -11,8 +11,9 @@ holds the repository's Snakefile, workflow/, config/ and slurm/ and no results:
 - any other stage's CLI only parses: its `--help` must list every flag the command uses.
 Usage lines with placeholders (FILE, N, [--json]) run with the values in PLACEHOLDERS. The
 commands that cannot run here are in SKIPPED, each with its reason. A code block whose first line
-is `# <file name>` (docs/science.md's selector, grader and config overlay) is written to the
-working folder first, so a command may use it; the examples' own tests are at the end.
+is `# <file name>`, or whose info string names a file (docs/science.md's selector, grader, config
+overlays and benchmark data), is written to the working folder first, so a command may use it; the
+examples' own tests are at the end.
 
 One subprocess runs them all (`python -m tests.test_docs_commands`, reading the commands as JSON
 on stdin), so Snakemake and torch are imported once: about 40 s for the lot (marked slow).
