@@ -116,3 +116,47 @@ def test_the_docs_trainings_and_cost_plans_are_the_configs(cost_plans):
     for p in cost_plans:
         assert render(p, load_config(ROOT / p.source)) in page, (
             f"docs/cost.md: the cost plan of {p.source} is out of date; run scripts/regen_plan_docs.py")
+
+
+OURS = re.compile(r"\bours\b", re.I)
+
+
+def unmarked_ours(text: str) -> list[str]:
+    """Comment lines that call a choice ours other than with the one marker, '# ours:' (quoted
+    labels such as "(ours, not ICT)" are names shown in tables, not markers)."""
+    bad = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = re.sub(r'"[^"]*"', '""', line)
+        if "#" not in line:
+            continue
+        comment = line[line.index("#"):]
+        if any(comment[max(0, m.start() - 2):m.end() + 1] != "# ours:" for m in OURS.finditer(comment)):
+            bad.append(f"{n}: {line.strip()}")
+    return bad
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.yaml")))
+def test_every_choice_that_is_ours_has_one_greppable_marker(config):
+    """`grep -n '# ours:' config/<file>` lists every choice the papers leave open."""
+    bad = unmarked_ours((ROOT / "config" / config).read_text())
+    assert not bad, f"config/{config}: write '# ours:' at the choice:\n  " + "\n  ".join(bad)
+
+
+def test_the_marker_check_can_fail():
+    assert unmarked_ours("a: 1  # ours (not found)\nb: 2  # Ours: x\nc: {label: \"x (ours)\"}\n") == [
+        "1: a: 1  # ours (not found)", "2: b: 2  # Ours: x"]
+    assert unmarked_ours("a: 1  # ours: not found; veRL's\n# x. # ours: y\n") == []
+
+
+def test_the_config_reference_is_the_config_models():
+    """docs/config-reference.md is generated from stages/config.py's fields: regenerate it with
+    python scripts/config_reference.py after changing a field."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "config-reference.md").read_text()
+    assert module.render() == page, (
+        "docs/config-reference.md is out of date: run python scripts/config_reference.py")
+    assert "| `checkpoint_every` |" in page and "| `overlap_top` |" in page

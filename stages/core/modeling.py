@@ -56,7 +56,7 @@ def build_tokenizer():
 
     Shaped like Qwen's (ByteLevel pre-tokenizer and decoder, `<|endoftext|>` as eos and pad, no
     BOS) so that AutoTokenizer, which loads any tokenizer next to a qwen2 config as
-    Qwen2Tokenizer, yields exactly the ids we trained on (shared/notes/environment.md).
+    Qwen2Tokenizer, yields exactly the ids we trained on (tests/test_modeling.py).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
