@@ -43,8 +43,10 @@ def test_gpu_benchmark_tiny_runs_without_the_workflow_packages(tmp_path):
     models = [m["name"] for m in result["meta"]["models"]]
     assert models == ["tiny-a", "tiny-b"]
     rows = {(r["model"], r["row"]): r for r in result["rows"]}
-    expected = {(m, row) for m in models for row in ("token_statistics", "selective_rho_0.1",
-                                                    "chunked_rho_1", "gradient_checkpointing")}
+    expected = {(m, row) for m in models for row in ("token_statistics",
+                                                    "token_statistics_to_matmul",
+                                                    "selective_rho_0.1", "chunked_rho_1",
+                                                    "gradient_checkpointing")}
     assert set(rows) == expected
     for key, row in rows.items():
         assert row["baseline_status"] == row["candidate_status"] == "ok", key
