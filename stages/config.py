@@ -211,6 +211,13 @@ class ModelSize(Strict):
         "stage, offload, sequence parallelism, token budget...), applied before a method's own "
         "(methods.<m>.train); the training job's config hash follows them")
     lr: float | None = Field(None, gt=0, description="this size's training learning rate (default train.lr)")
+    stop_tokens: Literal["end_of_turn", "generation_config"] = Field(
+        "end_of_turn", description="where its responses stop, in training, rollouts and "
+        "evaluation alike: end_of_turn = the tokenizer's end-of-text and the chat template's "
+        "end-of-turn token (<|im_end|> for ChatML) when it has one; generation_config = verl's: "
+        "the tokenizer's end-of-text and every eos_token_id of the model's generation config, no "
+        "stop list (a base model whose generation config lists only <|endoftext|> writes on past "
+        "<|im_end|>)")
     label: str | None = Field(None, description="name printed in tables (default: the key)")
 
     @model_validator(mode="after")
@@ -361,10 +368,12 @@ class Method(BaseModel):
     selection_scope: Literal["minibatch", "microbatch"] = Field(
         "minibatch", description="where a selector that ranks positions across a batch ranks them: "
         "minibatch = the whole optimizer mini-batch (every micro-batch and rank), on the scores "
-        "`rescore` says; microbatch = the released 80/20 code's: one micro-batch on one rank, "
-        "re-scored by the current policy in that gradient step's own forward pass, its loss the mean "
-        "over its own selected tokens scaled by its share of the rank's mini-batch sequences "
-        "(per-response selectors such as ICT's rule refuse it)")
+        "`rescore` says; microbatch = the released 80/20 code's: one of verl's micro-batches in "
+        "train.virtual_layout (balanced over its ranks, cut by its token budget), scored by the "
+        "current policy, its loss the mean over its own selected tokens x its share of its "
+        "data-parallel group's mini-batch, averaged over the groups (needs train.virtual_layout, "
+        "loss.denominator 'selected' and rescore; per-response selectors such as ICT's rule "
+        "refuse it)")
     train: dict[str, Any] = Field(
         default_factory=dict, description="this method's changes to the `train` section, e.g. "
         "{max_response_tokens: 29696} for the 80/20 paper's 29k run (validated as `train` is; the "
@@ -402,6 +411,40 @@ class Loss(Strict):
     dual_clip: float | None = Field(None, gt=1, description="verl dual-clip c (None = off)")
 
 
+class VirtualLayout(Strict):
+    """The ranks the released 80/20 code trained on, in verl's terms: the layout whose
+    micro-batches rank tokens and average the loss for methods with selection_scope: microbatch
+    (stages.core.batching.virtual_step), whatever the job's own processes are."""
+
+    world_size: int = Field(gt=0, description="GPUs of verl's run (trainer.nnodes x n_gpus_per_node)")
+    sequence_parallel: int = Field(
+        1, gt=0, description="verl's ulysses_sequence_parallel_size: that many consecutive ranks "
+        "hold the same sequences, so world_size / sequence_parallel data-parallel groups")
+    max_token_len_per_gpu: int = Field(
+        gt=0, description="verl's ppo_max_token_len_per_gpu (use_dynamic_bsz): a micro-batch "
+        "holds at most this x sequence_parallel unpadded prompt + response tokens")
+    balance_batch: bool = Field(
+        True, description="verl's trainer.balance_batch: the step's sequences are reordered into "
+        "world_size equal-size partitions of balanced token sums before they are dealt to ranks")
+
+    @property
+    def groups(self) -> int:
+        """verl's data-parallel groups."""
+        return self.world_size // self.sequence_parallel
+
+    @property
+    def budget(self) -> int:
+        """Unpadded tokens of one micro-batch (verl: max_token_len x sequence parallelism)."""
+        return self.max_token_len_per_gpu * self.sequence_parallel
+
+    @model_validator(mode="after")
+    def _groups_whole(self) -> VirtualLayout:
+        if self.world_size % self.sequence_parallel:
+            raise _FieldError("sequence_parallel", f"{self.sequence_parallel} does not divide "
+                              f"world_size ({self.world_size})")
+        return self
+
+
 class Train(Strict):
     """Masked RLVR training (METHODS §4, §8)."""
 
@@ -418,6 +461,10 @@ class Train(Strict):
     ppo_epochs: int = Field(1, gt=0, description="passes over each rollout batch (one optimizer step per mini-batch)")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warm-up)")
     warmup_steps: int = Field(10, ge=0, description="rollout steps of linear learning-rate warm-up")
+    warmup_from_zero: bool = Field(
+        False, description="the warm-up as verl steps it (its scheduler steps after the update): "
+        "rollout step s < warmup_steps trains at s / warmup_steps x lr, so step 0 at lr 0; "
+        "False: at (s + 1) / warmup_steps x lr, full from step warmup_steps - 1")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay (all parameters)")
     grad_clip: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
     temperature: float = Field(1.0, gt=0, description="rollout temperature")
@@ -499,6 +546,11 @@ class Train(Strict):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa", description="the policy's attention kernel (transformers attn_implementation)")
     checkpoint_every: int = Field(10, gt=0, description="resume checkpoint every N steps")
+    virtual_layout: VirtualLayout | None = Field(
+        None, description="the released 80/20 code's layout (verl's ranks, sequence parallelism, "
+        "token budget), whose micro-batches the methods with selection_scope: microbatch select "
+        "and normalise in, and whose mini-batches they train on; other methods ignore it (None: "
+        "none; selection_scope: microbatch needs it)")
 
     def reward_values(self) -> tuple[float, float]:
         """(reward of a correct, of an incorrect response) for graders that give no score."""
@@ -637,11 +689,80 @@ class Resources(Strict):
     train: SizedRuleResources = Field(default_factory=SizedRuleResources)
     evaluate: SizedRuleResources = Field(default_factory=SizedRuleResources)
     tables: RuleResources = Field(default_factory=RuleResources)
+    max_runtime: int | None = Field(
+        None, gt=0, description="the longest walltime the site's partitions allow, minutes (their "
+        "MaxTime): every job's request, resubmissions included, is capped at it, and the cost plan "
+        "counts a training's attempts of at most this long (None: ask SLURM, `scontrol show "
+        "partition`, for the partition each job goes to, where scontrol exists; no cap without "
+        "either)")
 
     def of(self, rule: str, size: str | None = None) -> RuleResources:
         """The request of one rule's jobs (for one model size where the rule runs per size)."""
         spec = getattr(self, rule)
         return spec.for_size(size) if isinstance(spec, SizedRuleResources) and size else spec
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost plan's assumptions (python -m stages.plan --cost; stages.cost)
+# ---------------------------------------------------------------------------------------------
+
+
+class CostRates(Strict):
+    """A model size's changes to the cost plan's assumptions; an unset field keeps `cost`'s."""
+
+    generation_tokens_per_s: float | None = Field(None, gt=0, description="this size's cost.generation_tokens_per_s")
+    train_mfu: float | None = Field(None, gt=0, le=1, description="this size's cost.train_mfu")
+    response_tokens: int | None = Field(None, gt=0, description="this size's cost.response_tokens")
+    eval_response_tokens: int | None = Field(None, gt=0, description="this size's cost.eval_response_tokens")
+    generation_batches: float | None = Field(None, ge=1, description="this size's cost.generation_batches")
+
+
+class Cost(Strict):
+    """What the cost plan assumes where nothing is counted yet: lengths, throughputs and fixed
+    times. Every value is an assumption until a GPU run calibrates it from its metrics.parquet
+    (response_length_mean, generation_batches, tokens_per_second, time_s). Read only by the cost
+    plan and the training rule's retries: no job's results depend on it."""
+
+    gpu_tflops: float = Field(
+        989.0, gt=0, description="peak dense bf16 tensor throughput of one GPU, TFLOP/s (H100 and "
+        "H200 SXM: 989 by NVIDIA's datasheets, 1,979 being with sparsity; A100: 312)")
+    train_mfu: float = Field(
+        0.3, gt=0, le=1, description="share of gpu_tflops that the trainer's forwards and "
+        "backwards reach, counted on unpadded tokens with every executed FLOP (the recomputation "
+        "of gradient checkpointing included), so padding, ZeRO and sequence-parallel "
+        "communication lower it; also the scoring passes' and the token-statistics stage's")
+    generation_tokens_per_s: float = Field(
+        2000.0, gt=0, description="tokens one GPU's share of a vLLM engine generates per second, "
+        "in the training job's colocated engine and the rollout and evaluation jobs alike")
+    prompt_tokens: int = Field(200, gt=0, description="mean prompt length, tokens")
+    response_tokens: int = Field(
+        1000, gt=0, description="mean generated tokens of a training or base-model rollout "
+        "response (capped at each job's limit)")
+    eval_response_tokens: int | None = Field(
+        None, gt=0, description="mean generated tokens of an evaluation sample, capped at the "
+        "evaluation's limit (None: response_tokens)")
+    generation_batches: float = Field(
+        1.0, ge=1, description="dynamic sampling: mean generation batches per rollout step "
+        "(verl's num_gen_batches; at most train.max_sampling_rounds)")
+    step_overhead_s: float = Field(
+        60.0, ge=0, description="seconds of every rollout step beside generation and the "
+        "forwards: grading, the optimizer steps, the weights' reload into vLLM, sleep and wake")
+    startup_minutes: float = Field(
+        10.0, ge=0, description="minutes each job and each resubmitted training spends before "
+        "its first step or sample: loading the model and its state, starting vLLM")
+    problems: dict[Name, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict, description="benchmark -> its number of problems, where the plan's "
+        "table of known sources (stages.cost.KNOWN_PROBLEMS) lacks it")
+    sizes: dict[Name, CostRates] = Field(
+        default_factory=dict, description="model size -> changes to the throughputs and lengths")
+
+    def of(self, size: str) -> Cost:
+        """These assumptions with one size's changes applied."""
+        changes = self.sizes[size].model_dump(exclude_none=True) if size in self.sizes else {}
+        return self.model_copy(update=changes) if changes else self
+
+    def eval_tokens(self) -> int:
+        return self.eval_response_tokens or self.response_tokens
 
 
 class Experiment(Strict):
@@ -674,6 +795,7 @@ class Config(Strict):
     train: Train = Field(default_factory=Train)
     evaluate: Evaluate = Field(default_factory=Evaluate)
     resources: Resources = Field(default_factory=Resources)
+    cost: Cost = Field(default_factory=Cost)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Config:
@@ -715,6 +837,9 @@ class Config(Strict):
                 job = self.train_for(name, size)
                 _check_method(name, self.methods[name], job, True)
                 _check_layout(size, self.models[size], job)
+                if self.methods[name].selection_scope == "microbatch":
+                    _check_virtual(size, self.models[size], job, f"methods.{name}.train"
+                                   if "virtual_layout" in self.methods[name].train else "train")
                 _check_overlong(self, job, "train" if job is self.train else f"methods.{name}.train")
         for i, name in enumerate(self.evaluate.curve_benchmarks or []):
             if name not in exp.benchmarks:
@@ -724,6 +849,7 @@ class Config(Strict):
             for size in getattr(spec, "sizes", {}):
                 if size not in self.models:
                     raise _RefError(f"resources.{rule}.sizes.{size}", f"unknown model size {size!r}; defined: {sorted(self.models)}")
+        _check_cost(self)
         for name, ds in self.datasets.items():
             if ds.template not in self.templates:
                 raise _RefError(f"datasets.{name}.template", f"unknown template {ds.template!r}")
@@ -767,6 +893,27 @@ class Config(Strict):
         return digest({k: _lookup(self.model_dump(mode="json"), k) for k in keys})
 
 
+def _check_cost(cfg: Config) -> None:
+    """The cost plan's sizes and benchmarks exist; its generation batches per step are possible."""
+    for size in cfg.cost.sizes:
+        if size not in cfg.models:
+            raise _RefError(f"cost.sizes.{size}", f"unknown model size {size!r}; defined: {sorted(cfg.models)}")
+    for name in cfg.cost.problems:
+        if name not in cfg.datasets:
+            raise _RefError(f"cost.problems.{name}", f"unknown dataset {name!r}; defined: {sorted(cfg.datasets)}")
+    for size in cfg.experiment.sizes:
+        batches = cfg.cost.of(size).generation_batches
+        for method in cfg.experiment.methods:
+            train = cfg.train_for(method, size)
+            if train.dynamic_sampling and batches > train.max_sampling_rounds:
+                key = (f"cost.sizes.{size}.generation_batches"
+                       if cfg.cost.sizes.get(size, CostRates()).generation_batches is not None
+                       else "cost.generation_batches")
+                raise _RefError(key, f"{batches:g} generation batches per step on average, but a "
+                                f"step stops after {train.max_sampling_rounds} (train.max_sampling_rounds "
+                                f"of {size}/{method})")
+
+
 def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None:
     """The selector exists and its parameters validate; a run's warm-up is shorter than the run."""
     from .core.selectors import SELECTORS
@@ -790,6 +937,24 @@ def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None
                             f"{method.selector!r} with these parameters ranks each response's own "
                             "positions (against its group), which a micro-batch may split: use "
                             "'minibatch'")
+        def where(key: str) -> str:  # the section that set the key: the method's, else train
+            return f"methods.{name}.train.{key}" if key in method.train else f"train.{key}"
+
+        if train.virtual_layout is None:
+            raise _RefError(where("virtual_layout"), f"methods.{name} has selection_scope "
+                            "'microbatch': set the layout whose micro-batches it ranks in (verl's "
+                            "world_size, sequence_parallel, max_token_len_per_gpu)")
+        if train.loss.denominator != "selected":
+            raise _RefError(where("loss") + ".denominator", f"methods.{name} has selection_scope "
+                            "'microbatch', whose loss is verl's token-mean over each micro-batch's "
+                            f"selected tokens: use 'selected', not {train.loss.denominator!r}")
+        if not method.rescore:
+            raise _RefError(f"methods.{name}.rescore", "selection_scope 'microbatch' ranks by the "
+                            "current policy's scores (the released code's forward pass): use true")
+        if train.dynamic_sampling and train.dynamic_sampling_pool == "rank":
+            raise _RefError(where("dynamic_sampling_pool"), f"methods.{name} has selection_scope "
+                            "'microbatch', whose layout balances a full step of prompts_per_step "
+                            "groups: use 'ranks' (verl's pool; 'rank' may train a short step)")
     if in_run and method.warmup_steps >= train.steps:
         raise _RefError(f"methods.{name}.warmup_steps",
                         f"a dense warm-up of {method.warmup_steps} steps is not shorter than the "
@@ -891,6 +1056,37 @@ def _check_layout(size: str, model: ModelSize, train: Train) -> None:
                             f"{sp} does not split models.{size}'s {q} attention heads and {kv} "
                             "key/value heads (the heads must divide by it, the key/value heads "
                             "divide by it or divide it)")
+
+
+def _check_virtual(size: str, model: ModelSize, train: Train, where: str) -> None:
+    """verl's layout (train.virtual_layout) holds a full step in equal chunks and mini-batches,
+    its micro-batch budget holds the longest sequence, and this job's data-parallel ranks can
+    each compute whole virtual data-parallel groups."""
+    v = train.virtual_layout
+    key = f"{where}.virtual_layout"
+    sequences = train.prompts_per_step * train.group_size
+    if sequences % v.world_size:
+        raise _RefError(f"{key}.world_size", f"a step's {sequences} sequences (prompts_per_step x "
+                        f"group_size) do not split into {v.world_size} equal chunks (verl's "
+                        "balance_batch)")
+    if train.mini_batch_prompts * train.group_size % v.groups:
+        raise _RefError(f"{key}.world_size", f"a mini-batch's {train.mini_batch_prompts * train.group_size}"
+                        f" sequences (mini_batch_prompts x group_size) do not split over its "
+                        f"{v.groups} data-parallel groups (world_size {v.world_size} / "
+                        f"sequence_parallel {v.sequence_parallel})")
+    longest = (train.max_prompt_tokens or 0) + train.max_response_tokens
+    if train.max_prompt_tokens is not None and longest > v.budget:
+        raise _RefError(f"{key}.max_token_len_per_gpu",
+                        f"a micro-batch of {v.max_token_len_per_gpu} x {v.sequence_parallel} = "
+                        f"{v.budget} tokens cannot hold the longest sequence ({longest}: "
+                        "max_prompt_tokens + max_response_tokens), as verl requires")
+    dp = model.train_world() // train.sequence_parallel
+    if v.groups % dp:
+        raise _RefError(f"{key}.world_size",
+                        f"its {v.groups} data-parallel groups (world_size {v.world_size} / "
+                        f"sequence_parallel {v.sequence_parallel}) do not split over the "
+                        f"{dp} data-parallel ranks of models.{size}'s training job (each rank "
+                        "computes whole groups)")
 
 
 def _attention_heads(model: ModelSize) -> tuple[int, int] | None:

@@ -160,6 +160,7 @@ def main(args, cfg: Config) -> None:
         max_new_tokens=max_new_tokens(cfg, args.method), seed=seed, batch_size=ev.batch_size,
         tensor_parallel_size=cfg.models[args.size].tensor_parallel_size,
         batch_invariant=ev.batch_invariant, engine_kwargs=ev.engine_kwargs, engine_key="evaluate",
+        stop_tokens=cfg.models[args.size].stop_tokens,
     )
     sample = open_sampler(ev.backend, args.model, settings)
     model_ref = json.loads(Path(args.model).read_text())

@@ -34,7 +34,8 @@ def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[s
     when those change, the files do."""
     own = () if method == "base" else (f"methods/{method}/evaluate",)
     return (*(f"evaluate/{k}" for k in EVALUATE_KEYS), f"datasets/{bench}/role",
-            f"datasets/{bench}/grader", f"models/{size}/tensor_parallel_size", "seed", *own)
+            f"datasets/{bench}/grader", f"models/{size}/tensor_parallel_size",
+            f"models/{size}/stop_tokens", "seed", *own)
 
 
 def overlap_config_keys(size: str) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Memory plan: estimated peak GPU memory per GPU and host memory per node of every GPU job.
 
     python -m stages.plan --configfile config/paper.yaml [--gpu-memory-gb 80] [--json]
+    python -m stages.plan --configfile config/paper.yaml --cost     # the cost plan (stages.cost)
 
 For every GPU job kind (rollout, token_stats, train, evaluate) and model size: nodes x GPUs per
 node, the peak per GPU in the rollout phase and in the training phase with their main terms, and
@@ -202,6 +203,15 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                           + mem.head_terms(arch, rows, w, cfg.token_stats.chunk_positions,
                                            cfg.token_stats.chunk_vocab, sp)
                           + reference + [runtime])
+        # the sampling pass and the rescoring passes between optimizer steps: no activations kept
+        sequences = max(1, min(t.micro_batch_size, tokens // seq))
+        gathered = [] if t.zero_stage != 3 else [  # ZeRO-3 gathers each layer's parameters
+            Term("gathered largest layer", w * arch.largest_layer, f"{w} x {arch.largest_layer:,}"),
+            *(b for b in states.buckets if b.name == "prefetch bucket")]
+        scoring = Figure(states.resident + gathered + states.kept + reference + [runtime]
+                         + mem.scoring_terms(arch, w, tokens, sequences, seq,
+                                             cfg.token_stats.chunk_positions,
+                                             cfg.token_stats.chunk_vocab, sp, t.padding_free))
         problems = []
         if t.backend == "vllm":
             # a bf16 policy's engine computes its head in float32 (stages.core.samplers): vLLM
@@ -225,8 +235,9 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                 rollout = rollout.add(*needs)
                 notes.append("no GPU memory given: the rollout phase counts the vLLM engine's "
                              "needs, not its share")
-            training = training.add(Term("vLLM engine asleep", mem.VLLM_ASLEEP_GB * GB,
-                                         f"{mem.VLLM_ASLEEP_GB} GB (level 2)"))
+            asleep = Term("vLLM engine asleep", mem.VLLM_ASLEEP_GB * GB,
+                          f"{mem.VLLM_ASLEEP_GB} GB (level 2)")
+            training, scoring = training.add(asleep), scoring.add(asleep)
         else:
             rollout = rollout.add(*mem.hf_generation_terms(arch, w, t.generation_batch_size, seq))
         host = _train_host(t, arch, layout, states, m.train_processes_per_node())
@@ -244,7 +255,8 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                     + (f" sp{sp}" if sp > 1 else "")
                     + f" mb {tokens:,} tok" + (f" tp{tp}" if t.backend == "vllm" and tp > 1 else ""))
         plans.append(JobPlan("train", size, methods, m.train_nodes, m.train_gpus_per_node(), settings,
-                             {"load": load, "rollout": rollout, "training": training}, host,
+                             {"load": load, "rollout": rollout, "scoring": scoring,
+                              "training": training}, host,
                              mem_gb, mem_key, gpu_gb, gpu_key, ds, problems, notes))
     return plans
 
@@ -376,6 +388,7 @@ GROUPS = {
     "activations": ("checkpointed", "one layer", "layer activations", "activation gradients",
                     "final hidden"),
     "head": ("head",),
+    "scoring": ("scoring",),
     "loaded model": ("policy loaded", "reference loaded", "largest layer gathered"),
     "reference": ("reference",),
     "engine": ("vLLM", "engine", "KV", "generation"),
@@ -486,12 +499,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--requests", action="store_true",
                    help="print what each job asks the scheduler for (a Markdown table) and stop")
+    p.add_argument("--cost", action="store_true",
+                   help="print the cost plan instead (stages.cost): estimated GPU-hours, wall time "
+                        "and disk of every GPU job and of the whole run")
+    p.add_argument("--max-runtime", type=int, default=None, metavar="MINUTES",
+                   help="--cost: the partition's time limit (default: resources.max_runtime, else "
+                        "scontrol's MaxTime of the GPU jobs' partition)")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.configfile)
         if args.requests:
             print(requests_table(cfg))
             return 0
+        if args.cost:
+            return _cost_main(cfg, args)
         jobs = plan(cfg, args.gpu_memory_gb, args.prompt_tokens)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -503,6 +524,29 @@ def main(argv: list[str] | None = None) -> int:
     problems = [p for j in jobs for p in j.problems]
     if problems:
         print("does not fit:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cost_main(cfg: Config, args) -> int:
+    """--cost: the plan, its warnings on stderr; exit 1 where a training can never finish."""
+    from . import cost
+
+    if args.max_runtime is not None:
+        limit, source = args.max_runtime, "--max-runtime"
+    else:
+        limit, source = cost.runtime_limit(cfg)
+    plan_ = cost.cost_plan(cfg, args.configfile, limit, source)
+    if args.json:
+        print(json.dumps(plan_.as_dict(), indent=1))
+    elif plan_.rows:
+        print(cost.render(plan_, cfg), end="")
+    else:
+        print("no GPU jobs: every size runs on the CPU (the cost plan estimates GPU jobs)")
+    if plan_.warnings:
+        print("warnings:\n  " + "\n  ".join(plan_.warnings), file=sys.stderr)
+    if plan_.problems:
+        print("cannot finish:\n  " + "\n  ".join(plan_.problems), file=sys.stderr)
         return 1
     return 0
 

@@ -74,6 +74,7 @@ def main(args, cfg: Config) -> None:
         seed=cfg.seed, batch_size=r.batch_size,
         tensor_parallel_size=cfg.models[args.size].tensor_parallel_size,
         engine_kwargs=r.engine_kwargs, engine_key="rollout",
+        stop_tokens=cfg.models[args.size].stop_tokens,
     )
     samples = generate(r.backend, args.model, problems["prompt"].to_list(), settings,
                        desc=f"rollouts {args.size}")

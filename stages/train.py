@@ -67,6 +67,7 @@ from . import cli
 from .base_model import RESOLVED_CONFIG
 from .config import Config, ConfigError, Method, Train
 from .core.actor import Update, actor_step
+from .core.batching import VirtualStep
 from .core.engine import (
     Dist,
     build_engine,
@@ -86,7 +87,16 @@ from .core.io import (
 )
 from .core.policy import full_state_dict
 from .core.problems import PROBLEM_SCHEMA
-from .core.rollouts import PromptPool, Rollouts, Sampled, collect, seed_of, split_minibatches
+from .core.rollouts import (
+    PromptPool,
+    Rollouts,
+    Sampled,
+    collect,
+    concat_rollouts,
+    seed_of,
+    split_minibatches,
+    virtual_minibatches,
+)
 from .core.scorer import Chunks, score_scope
 from .core.selectors import STATISTICS
 from .keys import checkpoint_name, checkpoint_steps  # noqa: F401  (re-exported)
@@ -94,8 +104,11 @@ from .keys import train_config_keys as config_keys
 
 __all__ = ["main"]
 
-STAGE_VERSION = "3"  # 3: the engine holds a Policy (resume states of 2 do not load)
+STAGE_VERSION = "4"  # 4: verl's micro-batches, skipped steps (resume states of 3 lack their metrics)
 STATE_FILE = "state.json"
+
+SEQLEN_STATS = ("min", "max", "minmax_diff", "balanced_min", "balanced_max", "mean")
+"""verl's global_seqlen/* (stages.core.batching.balance_stats)."""
 
 METRICS_SCHEMA = pa.schema(
     [
@@ -118,6 +131,9 @@ METRICS_SCHEMA = pa.schema(
         pa.field("tis_truncated_fraction", pa.float64(), nullable=True),
         pa.field("generation_batches", pa.int64(), nullable=False),
         pa.field("micro_batches", pa.int64(), nullable=False),
+        pa.field("skipped_steps", pa.int64(), nullable=False),
+        pa.field("virtual_micro_batches", pa.int64(), nullable=True),
+        *(pa.field(f"global_seqlen_{k}", pa.float64(), nullable=True) for k in SEQLEN_STATS),
         pa.field("tokens_per_second", pa.float64(), nullable=False),
         pa.field("time_s", pa.float64(), nullable=False),
     ]
@@ -134,6 +150,12 @@ KL(sampler ‖ trainer) on those tokens, e^δ − 1 − δ with δ = log p_train
 selected tokens whose importance weight was cut at train.tis_cap (null when off);
 `generation_batches`: generation batches sampled (dynamic sampling samples more than one);
 `micro_batches`: forward/backward calls per optimizer step on every rank (the most of any rank);
+`skipped_steps`: optimizer steps of the rollout step skipped for a non-finite gradient norm (verl's
+rule); `virtual_micro_batches`: with train.virtual_layout (selection_scope: microbatch), the
+micro-batches one of verl's data-parallel groups makes over the step's mini-batches, and
+`global_seqlen_*` verl's balance statistics of the step (prompt + response tokens of the
+world_size chunks before balancing: min, max, minmax_diff; of the balanced partitions:
+balanced_min, balanced_max; their mean) (null without it);
 `tokens_per_second` is sampled response tokens per second of the step's wall time `time_s`."""
 
 TIME_COLUMNS = ("tokens_per_second", "time_s")
@@ -141,10 +163,14 @@ TIME_COLUMNS = ("tokens_per_second", "time_s")
 
 def lr_at(step: int, tcfg: Train, lr: float | None = None) -> float:
     """Linear warm-up over `warmup_steps` rollout steps, then constant (METHODS §8); `lr` is the
-    size's own rate (models.<size>.lr), else train.lr."""
+    size's own rate (models.<size>.lr), else train.lr. Rollout step s < warmup_steps trains at
+    (s + 1) / warmup_steps × lr, or with train.warmup_from_zero at s / warmup_steps × lr: verl's
+    constant schedule with warm-up (lambda s: s / warmup) is stepped after each update, so its
+    step 0 trains at lr 0 (Adam's moments still take that gradient) and full lr starts at
+    step warmup_steps."""
     peak = lr if lr is not None else tcfg.lr
     if step < tcfg.warmup_steps:
-        return peak * (step + 1) / tcfg.warmup_steps
+        return peak * (step if tcfg.warmup_from_zero else step + 1) / tcfg.warmup_steps
     return peak
 
 
@@ -208,13 +234,22 @@ def rescore(model, mb: Rollouts, needs: frozenset[str], cfg: Config, pad_id: int
 
 
 def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, dist: Dist,
-               run_seed: int, pad_id: int, ref_model) -> list[Update]:
-    """The sampling pass and the step's optimizer steps."""
+               run_seed: int, pad_id: int,
+               ref_model) -> tuple[list[Update], Rollouts, VirtualStep | None]:
+    """The sampling pass and the step's optimizer steps. Returns the updates, this rank's trained
+    sequences with their sampling-pass scores (for the metrics) and, with selection_scope
+    microbatch, verl's layout of the step (its mini-batches: stages.core.rollouts.virtual_minibatches;
+    the selection needs the current policy's scores, so every mini-batch after the first is
+    rescored: the config requires methods.<m>.rescore there)."""
     tcfg = cfg.train
     dense = step < method.warmup_steps
     needs = scorer_needs(method, dense)
     model = engine.module
-    minibatches = split_minibatches(roll, tcfg.mini_batch_prompts // dist.world, tcfg.group_size)
+    layout, scopes = None, None
+    if method.selection_scope == "microbatch":
+        minibatches, scopes, layout = virtual_minibatches(roll, cfg, dist)
+    else:
+        minibatches = split_minibatches(roll, tcfg.mini_batch_prompts // dist.world, tcfg.group_size)
     model.eval()  # the sampling pass needs no activations for a backward pass
     sampling_pass(model, minibatches, needs, cfg, pad_id, dist)
     model.train()
@@ -229,10 +264,12 @@ def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, d
                 model.train()
             gen = torch.Generator().manual_seed(seed_of(run_seed, step, epoch, k))
             updates.append(actor_step(engine, mb, method, cfg, dist, gen, pad_id, stats=stats,
-                                      on_policy=on_policy, dense=dense, ref_model=ref_model))
-    roll.stats = {key: torch.cat([mb.stats[key] for mb in minibatches]) if minibatches
-                  else torch.zeros(0) for key in ("entropy", "renyi2", "logprob")}
-    return updates
+                                      on_policy=on_policy, dense=dense, ref_model=ref_model,
+                                      scope=None if scopes is None else scopes[k]))
+    trained = concat_rollouts(minibatches)
+    if not minibatches:
+        trained.stats = {key: torch.zeros(0) for key in ("entropy", "renyi2", "logprob")}
+    return updates, trained, layout
 
 
 def mismatch_sums(roll: Rollouts) -> list[float]:
@@ -375,6 +412,12 @@ def main(args, cfg: Config) -> None:
     if longest + max(pool.limits) > limit:
         raise ConfigError(f"train.max_response_tokens: {max(pool.limits)} + the longest "
                           f"prompt ({longest} tokens) exceed the model's {limit} positions")
+    virtual = tcfg.virtual_layout
+    if method.selection_scope == "microbatch" and longest + max(pool.limits) > virtual.budget:
+        raise ConfigError(f"train.virtual_layout.max_token_len_per_gpu: a micro-batch of "
+                          f"{virtual.budget} tokens (x sequence_parallel) cannot hold the longest "
+                          f"prompt ({longest} tokens) with a {max(pool.limits)}-token response, "
+                          "as verl requires")
     pad_id = tokenizer.pad_token_id
     run_seed = seed_of(cfg.seed, args.seed)
     torch.manual_seed(run_seed)
@@ -403,14 +446,16 @@ def main(args, cfg: Config) -> None:
             dtype="bfloat16" if tcfg.dtype == "bfloat16" else "float32",
             batch_invariant=tcfg.batch_invariant,
             tensor_parallel_size=cfg.models[args.size].train_tensor_parallel_size,
-            float32_head=tcfg.vllm_float32_head, engine_kwargs=tcfg.engine_kwargs)
+            float32_head=tcfg.vllm_float32_head, engine_kwargs=tcfg.engine_kwargs,
+            stop_tokens=cfg.models[args.size].stop_tokens)
         # an engine built in this process sets torch to one thread on GPUs (where OMP_NUM_THREADS
         # is unset); vLLM's CPU build instead makes torch.set_num_threads a no-op from here on
         if args.threads and torch.get_num_threads() != args.threads:
             torch.set_num_threads(args.threads)
     else:  # generate() of the engine's own module; under ZeRO-3 every rank generates in step
         sampler = HfPolicySampler(policy.lm, tokenizer, tcfg.generation_batch_size,
-                                  dist=dist.job if zero3 and dist.job.world > 1 else None)
+                                  dist=dist.job if zero3 and dist.job.world > 1 else None,
+                                  stop_tokens=cfg.models[args.size].stop_tokens)
 
     peak_lr = cfg.models[args.size].lr
     began = time.perf_counter()
@@ -422,10 +467,12 @@ def main(args, cfg: Config) -> None:
         sampled = Sampled()
         roll, consumed = collect(step, consumed, cfg, run_seed, sampler, pool, dist, sampled)
         sampler.release()  # every generation batch of the step is sampled: the engine may sleep
-        updates = train_step(step, engine, roll, method, cfg, dist, run_seed, pad_id, ref_model)
+        updates, trained, layout = train_step(step, engine, roll, method, cfg, dist, run_seed,
+                                              pad_id, ref_model)
         sampler.sync()
-        row = step_metrics(step, sampled, roll, updates, dist, time.perf_counter() - t0,
-                           kl_on=ref_model is not None, tis_on=tcfg.tis_cap is not None)
+        row = step_metrics(step, sampled, trained, updates, dist, time.perf_counter() - t0,
+                           kl_on=ref_model is not None, tis_on=tcfg.tis_cap is not None,
+                           layout=layout)
         rows.append(row)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", H=f"{row['entropy_mean']:.3f}")
@@ -439,7 +486,9 @@ def main(args, cfg: Config) -> None:
     bar.close()
     seconds = time.perf_counter() - began
     finish(engine, tokenizer, cfg, args, rows, out_dir, resume_dir, dist, seconds, start)
-    torch.distributed.destroy_process_group()
+    sampler.close()  # a vLLM engine's teardown takes the process group with it
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def cli_progress(start: int, total: int, desc: str, rank: int):
@@ -461,8 +510,10 @@ def save_model(policy, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -
 
 
 def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Update], dist: Dist,
-                 seconds: float, kl_on: bool, tis_on: bool = False) -> dict:
-    """One row of metrics.parquet, the same on every rank."""
+                 seconds: float, kl_on: bool, tis_on: bool = False,
+                 layout: VirtualStep | None = None) -> dict:
+    """One row of metrics.parquet, the same on every rank; roll: this rank's trained sequences
+    with their sampling-pass scores."""
     old = roll.stats
     s = dist.sum(torch.tensor([
         sampled.responses, sampled.correct, sampled.reward, sampled.tokens,
@@ -502,6 +553,10 @@ def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Upda
         "tis_truncated_fraction": ratio(sum(u.n_truncated for u in updates), n_sel) if tis_on else None,
         "generation_batches": sampled.generation_batches,
         "micro_batches": max((u.micro_batches for u in updates), default=0),
+        "skipped_steps": sum(u.skipped for u in updates),
+        "virtual_micro_batches": None if layout is None else sum(layout.counts),
+        **{f"global_seqlen_{k}": None if layout is None or layout.stats is None else layout.stats[k]
+           for k in SEQLEN_STATS},
         "tokens_per_second": s[3] / seconds,
         "time_s": seconds,
     }

@@ -6,8 +6,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stages.core.losses import (
+    LOG_RATIO_CLAMP,
     aggregate_loss,
     clipped_surrogate,
     group_advantages,
@@ -41,6 +44,41 @@ def test_clipped_tokens_get_no_gradient_and_the_rest_the_policy_gradient():
     ratio = logp.detach().exp()
     expect = torch.where(clipped, torch.zeros(4, dtype=D), -adv * ratio)  # d(-rA)/dlogp = -rA
     assert torch.equal(logp.grad, expect)
+
+
+def test_the_log_ratio_is_clamped_at_20_as_verl_does():
+    """verl's ratio exp(clamp(Δ, −20, 20)) in float64, by hand: beyond ±20 the ratio is e^±20 and
+    its gradient 0; within, the unclamped surrogate. Δ = 30 with Â < 0 would overflow to inf in
+    float32 without the clamp (e^30 ≈ 1e13 is finite, e^90 is not)."""
+    delta = t(-30.0, -20.0, -5.0, 0.0, 19.5, 25.0, 90.0).requires_grad_()
+    adv = t(1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0)
+    loss, _ = clipped_surrogate(delta, torch.zeros(7, dtype=D), adv, 0.2, 0.28)
+    ratio = torch.exp(delta.detach().clamp(-20.0, 20.0))
+    expect = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
+    assert torch.equal(loss.detach(), expect)
+    assert float(loss.detach()[-1]) == math.exp(20.0)  # Â = −1 at Δ = 90: e^20, not e^90
+    loss.sum().backward()
+    assert delta.grad[0] == 0 and delta.grad[5] == 0 and delta.grad[6] == 0  # the clamp's
+    assert delta.grad[4] == pytest.approx(math.exp(19.5))  # within: d(−rÂ)/dΔ = r
+    wide, _ = clipped_surrogate(t(90.0).float(), t(0.0).float(), t(-1.0).float(), 0.2, 0.28)
+    assert torch.isfinite(wide).all()  # float32 e^90 would be inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-200, 200), min_size=1, max_size=20),
+       st.lists(st.floats(-5, 5), min_size=20, max_size=20))
+def test_the_clamped_ratio_stays_within_e_to_the_20(deltas, advantages):
+    """For any log-ratio, |ℓ| ≤ |Â| e^20 (the ratio never leaves [e^−20, e^20]) and ℓ is finite;
+    where |Δ| ≤ 20 it equals the float64 unclamped surrogate."""
+    delta = torch.tensor(deltas, dtype=D)
+    adv = torch.tensor(advantages[: len(deltas)], dtype=D)
+    loss, _ = clipped_surrogate(delta, torch.zeros_like(delta), adv, 0.2, 0.28)
+    assert torch.isfinite(loss).all()
+    assert (loss.abs() <= adv.abs() * math.exp(LOG_RATIO_CLAMP) * (1 + 1e-12)).all()
+    inside = delta.abs() <= LOG_RATIO_CLAMP
+    r = delta.exp()
+    plain = torch.maximum(-adv * r, -adv * r.clamp(0.8, 1.28))
+    assert torch.equal(loss[inside], plain[inside])
 
 
 def test_dual_clip_caps_negative_advantage_tokens():

@@ -33,6 +33,7 @@ ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_la
                              num_attention_heads=2, num_key_value_heads=1,
                              max_position_embeddings=128)
 CPU = Dist(0, 1, torch.device("cpu"))
+VIRTUAL = {"world_size": 2, "sequence_parallel": 1, "max_token_len_per_gpu": 20}
 
 
 @pytest.fixture(autouse=True)
@@ -104,18 +105,24 @@ def _update(dtype, padding_free: bool, method: dict, kl: float, budget: int | No
                         prompts_per_step=2, group_size=4, padding_free=padding_free,
                         loss={"kl_beta": kl, "denominator": "sequence"})
     raw["methods"]["case"] = copy.deepcopy(method)
+    micro = method.get("selection_scope") == "microbatch"
+    if micro:  # verl's layout of 2 ranks, 20 tokens per micro-batch; its token-mean
+        raw["train"].update(virtual_layout=VIRTUAL, loss={"kl_beta": kl, "denominator": "selected"})
     cfg = validate(raw, "packing.yaml")
     layout = Layout(padding_free)
     policy = Policy(build_scratch_model(ARCH, VOCAB, PAD, seed=0).to(dtype), layout)
     ref = Policy(build_scratch_model(ARCH, VOCAB, PAD, seed=1).to(dtype), layout).eval() if kl else None
     p_ids, r_ids, adv, noise = random_batch(seed=1)
     mb = rollouts.Rollouts(p_ids, r_ids, [i // 4 for i in range(len(r_ids))], adv)
+    scope = None
+    if micro:  # the mini-batch in verl's order, with its virtual micro-batches
+        (mb,), (scope,), _ = rollouts.virtual_minibatches(mb, cfg, CPU)
     case = cfg.methods["case"]
     stats = train.rescore(policy, mb, train.scorer_needs(case, False) | {"jsd"}, cfg, PAD, CPU)
     mb.stats = {**stats, "logprob": stats["logprob"] + noise.to(dtype)}
     engine = _PlainEngine(policy, CPU)
     u = actor_step(engine, mb, case, cfg, CPU, torch.Generator().manual_seed(7), PAD, stats=stats,
-                   on_policy=False, ref_model=ref)
+                   on_policy=False, ref_model=ref, scope=scope)
     return {"stats": stats, "loss": u.loss, "mask": u.mask, "clipped": u.n_clipped, "kl": u.kl_sum,
             "calls": u.micro_batches, "grads": engine.reduced}
 

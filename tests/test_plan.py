@@ -488,3 +488,22 @@ def test_head_and_activation_terms_by_hand():
     assert acts == {"checkpointed layer inputs": 10 * 3 * 2 * 8, "one layer recomputed + its gradients": 2 * 10 * layer,
                     "final hidden states": 10 * (4 + 2) * 8}
     assert GB == 2**30
+
+
+def test_the_scoring_passes_are_planned_and_below_training():
+    """The sampling pass and the rescoring passes between optimizer steps (the 80/20 runs rescore
+    every mini-batch after the first): resident states and a no-gradient forward of one
+    micro-batch, its per-token terms split by sequence parallelism; ZeRO-3 gathers a layer."""
+    raw = load_raw("beyond-80-20")
+    jobs = {j.size: j for j in plan_cli.plan(validate(raw, "raw"), gpu_memory_gb=80) if j.kind == "train"}
+    arch = mem.HUB_ARCHS["Qwen/Qwen3-14B-Base"]
+    for size, j in jobs.items():
+        scoring, training = j.phases["scoring"], j.phases["training"]
+        assert 0 < scoring.gb < training.gb, size
+        names = {t.name for t in scoring.terms}
+        assert {"scoring forward working set", "scoring statistics blocks"} <= names
+        assert ("gathered largest layer" in names) == (size != "qwen3-8b")  # ZeRO-3 for 14B, 32B
+    one = {t.name: t.bytes for t in mem.scoring_terms(arch, 2, 22528, 1, 22528, 1024, 32768)}
+    two = {t.name: t.bytes for t in mem.scoring_terms(arch, 2, 22528, 1, 22528, 1024, 32768, sp=2)}
+    assert two["scoring forward working set"] == one["scoring forward working set"] / 2
+    assert one["scoring hidden states"] == 2 * 22528 * arch.hidden * 2

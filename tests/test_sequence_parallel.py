@@ -90,6 +90,10 @@ def _config(world: int, method: dict, zero: int, padding_free: bool, kl: float,
                         gradient_checkpointing=checkpointing,
                         loss={"kl_beta": kl, "denominator": "sequence"})
     raw["methods"]["case"] = method
+    if method.get("selection_scope") == "microbatch":  # verl's layout of 2 ranks; its token-mean
+        raw["train"].update(virtual_layout={"world_size": 2, "sequence_parallel": 1,
+                                            "max_token_len_per_gpu": 20},
+                            loss={"kl_beta": kl, "denominator": "selected"})
     return validate(raw, "sp.yaml")
 
 
@@ -132,6 +136,9 @@ def _two_updates(engine, cfg, dist, ref, noise) -> dict:
     p_ids, r_ids, adv, _ = random_batch(seed=1)
     mb = rollouts.Rollouts(p_ids, r_ids, [i // 4 for i in range(len(r_ids))], adv)
     method = cfg.methods["case"]
+    scope = None
+    if method.selection_scope == "microbatch":  # verl's order, moved within the data-parallel group
+        (mb,), (scope,), _ = rollouts.virtual_minibatches(mb, cfg, dist)
     needs = train.scorer_needs(method, False) | {"jsd"}
     out = {}
     for k, on_policy in enumerate((True, False)):
@@ -153,7 +160,7 @@ def _two_updates(engine, cfg, dist, ref, noise) -> dict:
 
         engine.step = snapshot
         u = actor_step(engine, mb, method, cfg, dist, torch.Generator().manual_seed(7), PAD,
-                       stats=stats, on_policy=on_policy, ref_model=ref)
+                       stats=stats, on_policy=on_policy, ref_model=ref, scope=scope)
         engine.step = step
         grads = getattr(engine, "reduced", grads)
         out[k] = {"stats": stats, "loss": u.loss, "norm": u.grad_norm, "mask": u.mask,

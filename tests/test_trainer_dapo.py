@@ -21,12 +21,11 @@ from stages.core import engine as engine_glue
 from stages.core import rollouts
 from stages.core.actor import actor_step, micro_loss, truncated_importance_weights
 from stages.core.generation import Sample
-from stages.core.losses import clipped_surrogate, overlong_penalty
+from stages.core.losses import overlong_penalty
 from stages.core.modeling import build_scratch_model
 from stages.core.policy import Policy
 from stages.core.scorer import micro_batches
 from stages.core.scoring import pack
-from stages.core.selectors import valid_grid
 from stages.launch import free_port
 from tests import test_train
 from tests.conftest import ROOT, run_stage, write_yaml
@@ -35,6 +34,22 @@ from tests.test_train import ARCH, PAD, VOCAB, cli_args, random_batch
 job = test_train.job  # the tiny trained-format model and its prompts (module fixture)
 
 CPU = engine_glue.Dist(0, 1, torch.device("cpu"))
+
+
+def two_ranks(worker: str, out) -> None:
+    """Run `worker(out)` of this module on two gloo processes and wait for both (a rank left
+    waiting in a collective never returns: the timeout ends the test)."""
+    code = f"import sys; from tests.test_trainer_dapo import {worker}; {worker}(sys.argv[1])"
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        log, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, log[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,17 +135,7 @@ def test_pooled_dynamic_sampling_over_two_ranks_trains_what_one_rank_would(test_
     """Kept groups are counted over both ranks in stream order; the first prompts_per_step go to
     the ranks that train their mini-batch slots (mini-batch k's slots split evenly), whichever rank
     sampled them."""
-    code = "import sys; from tests.test_trainer_dapo import _pooled_worker; _pooled_worker(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "two.pt")], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, log[-3000:]
+    two_ranks("_pooled_worker", tmp_path / "two.pt")
     two = torch.load(tmp_path / "two.pt")
     cfg = dapo_config(test_raw, prompts_per_step=4, mini_batch_prompts=2, generation_batch_multiple=2)
     pool = pool_of(POOL_KINDS)
@@ -185,6 +190,9 @@ def test_a_scored_grader_gives_the_reward_and_the_penalty_only_the_reward(test_r
     assert overlong_penalty(lengths, 8, 4, 0.5).tolist() == pytest.approx([0, 0, 0, -0.125])
 
 
+GOOD_LAYOUT = {"world_size": 4, "sequence_parallel": 2, "max_token_len_per_gpu": 20}
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda r: r["train"].update(generation_batch_multiple=0),
      "train.generation_batch_multiple: Input should be greater than or equal to 1"),
@@ -207,6 +215,37 @@ def test_a_scored_grader_gives_the_reward_and_the_penalty_only_the_reward(test_r
     (lambda r: r["methods"]["grpo"].update(train={"stepz": 3}), "methods.grpo.train.stepz: unknown key"),
     (lambda r: r["methods"]["ict"].update(selection_scope="microbatch"),
      "methods.ict.selection_scope: 'microbatch' ranks positions across one micro-batch"),
+    (lambda r: r["methods"]["grpo"].update(selection_scope="microbatch"),
+     "train.virtual_layout: methods.grpo has selection_scope 'microbatch': set the layout"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch"),
+                r["train"].update(virtual_layout=GOOD_LAYOUT, loss={"denominator": "sequence"})),
+     "train.loss.denominator: methods.grpo has selection_scope 'microbatch', whose loss is verl's"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch", rescore=False),
+                r["train"].update(virtual_layout=GOOD_LAYOUT)),
+     "methods.grpo.rescore: selection_scope 'microbatch' ranks by the current policy's scores"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch"),
+                r["train"].update(virtual_layout=GOOD_LAYOUT, dynamic_sampling=True,
+                                  dynamic_sampling_pool="rank")),
+     "train.dynamic_sampling_pool: methods.grpo has selection_scope 'microbatch'"),
+    (lambda r: r["train"].update(virtual_layout={**GOOD_LAYOUT, "sequence_parallel": 3}),
+     "train.virtual_layout.sequence_parallel: 3 does not divide world_size (4)"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch"),
+                r["train"].update(virtual_layout={**GOOD_LAYOUT, "world_size": 6, "sequence_parallel": 1})),
+     "train.virtual_layout.world_size: a step's 16 sequences (prompts_per_step x group_size) do not "
+     "split into 6 equal chunks"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch"),
+                r["train"].update(virtual_layout={**GOOD_LAYOUT, "world_size": 16, "sequence_parallel": 1})),
+     "train.virtual_layout.world_size: a mini-batch's 8 sequences (mini_batch_prompts x group_size) "
+     "do not split over its 16 data-parallel groups"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch"),
+                r["models"]["tiny-s"].update(train_processes=4), r["train"].update(
+                    virtual_layout=GOOD_LAYOUT, mini_batch_prompts=4)),
+     "train.virtual_layout.world_size: its 2 data-parallel groups (world_size 4 / sequence_parallel 2) "
+     "do not split over the 4 data-parallel ranks of models.tiny-s's training job"),
+    (lambda r: (r["methods"]["grpo"].update(selection_scope="microbatch"),
+                r["train"].update(virtual_layout=GOOD_LAYOUT, max_prompt_tokens=20)),
+     "train.virtual_layout.max_token_len_per_gpu: a micro-batch of 20 x 2 = 40 tokens cannot hold "
+     "the longest sequence (52"),
     (lambda r: r["evaluate"].update(headline="pass@16"), "evaluate.headline: pass@16 is not reported"),
     (lambda r: r["evaluate"].update(headline="avg@8"), "evaluate.headline: avg@8: avg@n is the mean"),
 ])
@@ -302,13 +341,33 @@ def test_tis_float64_reference():
 
 
 # ---------------------------------------------------------------------------------------------
-# The released 80/20 code's scope: one micro-batch on one rank
+# The released 80/20 code's scope: verl's micro-batches in its own layout, on any physical ranks
 # ---------------------------------------------------------------------------------------------
-class PlainEngine:
-    """The actor's view of an engine, without DeepSpeed: backward accumulates, step keeps grads."""
+VIRTUAL = {"world_size": 8, "sequence_parallel": 2, "max_token_len_per_gpu": 10}  # 4 groups, 20 tokens
+VIRTUAL_METHODS = {"top": {"selector": "entropy_top", "rho": 0.2, "selection_scope": "microbatch"},
+                   "dapo": {"selector": "all", "selection_scope": "microbatch"}}
+TEMPERATURE, DUAL_CLIP = 0.7, 3.0
 
-    def __init__(self, module):
-        self.module = Policy(module)
+
+def virtual_config(test_raw, processes: int):
+    """4 prompts x 8 responses per step, mini-batches of 2 prompts (16 sequences: 4 per virtual
+    group), verl's layout of 8 ranks in data-parallel groups of 2, 20 tokens per micro-batch; our
+    physical forwards of at most 3 sequences."""
+    raw = copy.deepcopy(test_raw)
+    raw["models"]["tiny-s"]["train_processes"] = processes
+    raw["train"].update(prompts_per_step=4, group_size=8, mini_batch_prompts=2, micro_batch_size=3,
+                        temperature=TEMPERATURE, virtual_layout=VIRTUAL,
+                        loss={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": DUAL_CLIP})
+    raw["methods"].update(copy.deepcopy(VIRTUAL_METHODS))
+    return validate(raw, "virtual.yaml")
+
+
+class ReducingEngine:
+    """The actor's view of an engine, without DeepSpeed: backward accumulates; step averages the
+    gradients over the ranks (as DeepSpeed does), keeps them in `reduced` and clears them."""
+
+    def __init__(self, module, dist):
+        self.module, self.dist, self.reduced = Policy(module), dist, {}
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -319,61 +378,224 @@ class PlainEngine:
     def backward(self, loss):
         loss.backward()
 
-    def step(self):
-        pass
-
     def get_global_grad_norm(self):
         return 0.0
 
+    def step(self):
+        self.reduced = {n: self.dist.sum(p.grad) / self.dist.world
+                        for n, p in self.module.lm.named_parameters() if p.grad is not None}
+        self.module.zero_grad()
 
-@pytest.mark.parametrize("micro", [2, 3])
-def test_micro_batch_scope_equals_its_definition(test_raw, micro):
-    """Per set S of sequences in one micro-batch (consecutive `micro`, by definition): the top
-    ceil(ρ N_S) tokens of S by the current policy's entropy, loss = Σ_S |S|/B · mean over S's
-    selected tokens of the clipped surrogate; masks and gradients against a float64 recomputation
-    from the full softmax."""
+
+def virtual_batch():
+    """The step's 32 sequences in slot order (4 groups of 8), their advantages, and log-prob noise
+    (N,) that moves the old log-probs off the current ones, so that ratios clip."""
+    return random_batch(seed=11, prompts=4, g=8)
+
+
+def virtual_updates(cfg, dist) -> dict:
+    """This rank's groups of the step (rank_slots), moved into verl's layout; one optimizer step
+    per mini-batch and method on a float64 model. Returns, per method and mini-batch, every rank's
+    sequences (prompt + response ids) with their masks, the loss, the reduced gradients and the
+    layout's counts."""
+    from stages.core.rollouts import virtual_minibatches
+
+    torch.manual_seed(0)
+    p_ids, r_ids, adv, noise = virtual_batch()
+    starts = [0, *torch.tensor([len(r) for r in r_ids]).cumsum(0).tolist()]
+    noise_of = {tuple(p_ids[i] + r_ids[i]): noise[starts[i]:starts[i + 1]] for i in range(len(r_ids))}
+    mine = [s * 8 + j for s in rollouts.rank_slots(4, 2, dist.world, dist.rank) for j in range(8)]
+    roll = rollouts.Rollouts([p_ids[i] for i in mine], [r_ids[i] for i in mine],
+                             [i // 8 for i in mine], adv[mine])
+    out = {}
+    for name in VIRTUAL_METHODS:
+        method = cfg.methods[name]
+        engine = ReducingEngine(build_scratch_model(ARCH, VOCAB, PAD, seed=3).double(), dist)
+        minibatches, scopes, layout = virtual_minibatches(roll, cfg, dist)
+        steps = []
+        for k, mb in enumerate(minibatches):
+            stats = train.rescore(engine.module, mb, train.scorer_needs(method, False), cfg, PAD, dist)
+            keys = [tuple(p + r) for p, r in zip(mb.prompt_ids, mb.response_ids, strict=True)]
+            mb.stats = {"logprob": stats["logprob"] + torch.cat([noise_of[key] for key in keys]).double()}
+            u = actor_step(engine, mb, method, cfg, dist, torch.Generator(), PAD, stats=stats,
+                           on_policy=False, scope=scopes[k])
+            every = [key for part in dist.objects(keys) for key in part]  # rank order, as u.mask
+            steps.append({"keys": every, "mask": u.mask, "loss": u.loss, "grads": engine.reduced,
+                          "calls": u.micro_batches})
+        out[name] = {"steps": steps, "counts": layout.counts, "stats": layout.stats}
+    return out
+
+
+def verl_reference(rho: float | None) -> list[dict]:
+    """The step's loss and masks as verl's code defines them, per mini-batch, in float64 (from the
+    fork: ray_trainer._balance_batch, the dispatch in equal chunks, the Ulysses all-gather of a
+    sequence-parallel group, dp_actor.update_policy's data.split(mini-batch) and
+    rearrange_micro_batches (count all-reduced to the maximum), get_global_entropy_top_mask, the
+    clamped dual-clip surrogate, masked_mean × B_micro / B_mini, and FSDP's mean over ranks).
+    rho None: DAPO (every response token)."""
+    from stages.core.batching import balanced_partitions
+
+    p_ids, r_ids, adv, noise = virtual_batch()
+    model = build_scratch_model(ARCH, VOCAB, PAD, seed=3).double()
+    lengths = [len(p) + len(r) for p, r in zip(p_ids, r_ids, strict=True)]
+    starts = [0, *torch.tensor([len(r) for r in r_ids]).cumsum(0).tolist()]
+    world, sp, budget = VIRTUAL["world_size"], VIRTUAL["sequence_parallel"], 20
+    batch = [i for part in balanced_partitions(lengths, world, equal_size=True) for i in part]
+    chunk = len(batch) // world
+    ranks = [batch[r * chunk:(r + 1) * chunk] for r in range(world)]
+    groups = [sum(ranks[d * sp:(d + 1) * sp], []) for d in range(world // sp)]
+    mini = 2 * 8 // len(groups)  # ppo_mini_batch_size x n / data-parallel groups
+    out = []
+    for j in range(len(groups[0]) // mini):
+        minis = [g[j * mini:(j + 1) * mini] for g in groups]
+        count = max(min(len(m), -(-sum(lengths[i] for i in m) // budget)) for m in minis)
+        model.zero_grad()
+        total, masks = torch.zeros((), dtype=torch.float64), {}
+        for m in minis:
+            for part in balanced_partitions([lengths[i] for i in m], count, equal_size=False):
+                seqs = [m[i] for i in part]
+                ids, att, rows, cols = pack([p_ids[i] for i in seqs], [r_ids[i] for i in seqs], PAD)
+                logp_all = (model(input_ids=ids, attention_mask=att).logits[rows, cols]
+                            / TEMPERATURE).log_softmax(-1)
+                tokens = torch.tensor([t for i in seqs for t in r_ids[i]])
+                logp = logp_all.gather(1, tokens[:, None]).squeeze(1)
+                entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
+                pick = torch.zeros(len(tokens), dtype=torch.bool)
+                if rho is None:
+                    pick[:] = True
+                else:
+                    top_k = max(1, int(len(tokens) * rho + 0.9999))
+                    pick[torch.topk(entropy, k=top_k).indices] = True
+                old = logp.detach() + torch.cat([noise[starts[i]:starts[i + 1]] for i in seqs]).double()
+                a = torch.cat([adv[i].double().repeat(len(r_ids[i])) for i in seqs])
+                ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
+                clip1 = torch.maximum(-a * ratio, -a * ratio.clamp(1 - 0.2, 1 + 0.28))
+                pg = torch.where(a < 0, torch.minimum(-a * DUAL_CLIP, clip1), clip1)
+                total = total + pg[pick].mean() * len(seqs) / mini / len(groups)
+                at = 0
+                for i in seqs:
+                    masks[tuple(p_ids[i] + r_ids[i])] = pick[at:at + len(r_ids[i])]
+                    at += len(r_ids[i])
+        total.backward()
+        out.append({"loss": float(total.detach()), "masks": masks, "count": count,
+                    "grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
+    return out
+
+
+def check_against_verl(result: dict) -> None:
+    for name, rho in (("top", 0.2), ("dapo", None)):
+        ref = verl_reference(rho)
+        got = result[name]
+        assert got["counts"] == [r["count"] for r in ref] and max(got["counts"]) > 1
+        for step, r in zip(got["steps"], ref, strict=True):
+            lengths = [len(r_) for r_ in r["masks"].values()]
+            assert sorted(step["keys"]) == sorted(r["masks"])  # the mini-batch's sequences
+            rows = [step["mask"][b, : len(r["masks"][key])] for b, key in enumerate(step["keys"])]
+            for key, row in zip(step["keys"], rows, strict=True):
+                assert torch.equal(row, r["masks"][key]), name
+            assert int(step["mask"].sum()) == sum(int(m.sum()) for m in r["masks"].values())
+            assert len(lengths) == 16
+            assert step["loss"] == pytest.approx(r["loss"], rel=1e-9, abs=1e-12), name
+            for param, g in r["grads"].items():
+                assert torch.allclose(step["grads"][param], g, rtol=1e-7, atol=1e-12), (name, param)
+
+
+def test_virtual_micro_batches_are_verls_on_one_process(test_raw):
+    """One physical rank computes all 4 of verl's data-parallel groups: masks, loss and gradients
+    of each mini-batch equal verl's definition on sequences of unequal length. The trainer's step
+    logs the layout: verl's micro-batch count and its global_seqlen statistics."""
+    cfg = virtual_config(test_raw, 1)
+    result = virtual_updates(cfg, CPU)
+    check_against_verl(result)
+    p_ids, r_ids, adv, _ = virtual_batch()
+    roll = rollouts.Rollouts(p_ids, r_ids, [i // 8 for i in range(32)], adv)
+    engine = ReducingEngine(build_scratch_model(ARCH, VOCAB, PAD, seed=3).double(), CPU)
+    updates, trained, layout = train.train_step(0, engine, roll, cfg.methods["top"], cfg, CPU, 0, PAD, None)
+    assert layout.counts == result["top"]["counts"] and len(updates) == 2
+    assert sorted(map(tuple, trained.response_ids)) == sorted(map(tuple, r_ids))
+    row = train.step_metrics(0, rollouts.Sampled(responses=32, tokens=1), trained, updates, CPU, 1.0,
+                             kl_on=False, layout=layout)
+    assert row["virtual_micro_batches"] == sum(layout.counts) and row["skipped_steps"] == 0
+    lengths = [len(p) + len(r) for p, r in zip(p_ids, r_ids, strict=True)]
+    assert row["global_seqlen_mean"] == sum(lengths) / 8
+    assert row["global_seqlen_balanced_max"] <= row["global_seqlen_max"]
+    assert row["global_seqlen_min"] == min(sum(lengths[a:a + 4]) for a in range(0, 32, 4))
+    assert set(row) == set(train.METRICS_SCHEMA.names)
+
+
+def _virtual_worker(out: str) -> None:
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    dist = engine_glue.Dist(rank, world, torch.device("cpu"))
+    raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    result = virtual_updates(virtual_config(raw, world), dist)
+    if rank == 0:
+        torch.save(result, out)
+    dist.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def test_virtual_micro_batches_are_verls_on_two_processes(tmp_path):
+    """Two physical ranks, each computing 2 of verl's 4 data-parallel groups (its sequences moved
+    there from the ranks that sampled them): the same masks, loss and averaged gradients as
+    verl's definition."""
+    two_ranks("_virtual_worker", tmp_path / "out.pt")
+    check_against_verl(torch.load(tmp_path / "out.pt"))
+
+
+# ---------------------------------------------------------------------------------------------
+# verl's smaller rules: the warm-up, a non-finite gradient norm
+# ---------------------------------------------------------------------------------------------
+def test_warm_up_as_verl_steps_it(test_raw):
+    """verl's constant schedule with 10 warm-up steps, stepped after each update: rollout step 0
+    at lr 0, 1-9 at 0.1-0.9 of it, full from step 10; ours by default 0.1-1.0 over steps 0-9."""
     raw = copy.deepcopy(test_raw)
-    raw["train"].update(micro_batch_size=micro, temperature=0.7)
-    raw["methods"]["top"] = {"selector": "entropy_top", "rho": 0.3, "selection_scope": "microbatch"}
-    cfg = validate(raw, "m.yaml")
-    model = build_scratch_model(ARCH, VOCAB, PAD, seed=3)
-    reference = copy.deepcopy(model).double()
-    p_ids, r_ids, adv, noise = random_batch(seed=4)
-    lengths = [len(r) for r in r_ids]
-    mb = rollouts.Rollouts(p_ids, r_ids, [i // 4 for i in range(len(r_ids))], adv)
-    with torch.no_grad():  # the old log-probs: the current ones, moved (ratios clip)
-        ids, att, rows, cols = pack(p_ids, r_ids, PAD)
-        tokens = torch.tensor([t for r in r_ids for t in r])
-        logits = model(input_ids=ids, attention_mask=att).logits[rows, cols].double() / 0.7
-        old = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1) + noise.double()
-    mb.stats = {"logprob": old.float()}
-    update = actor_step(PlainEngine(model), mb, cfg.methods["top"], cfg, CPU, torch.Generator(), PAD,
-                        stats=mb.stats, on_policy=False)
-    # the reference
-    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    total = torch.zeros((), dtype=torch.float64)
-    mask = torch.zeros(len(tokens), dtype=torch.bool)
-    for a in range(0, len(r_ids), micro):
-        s = range(a, min(a + micro, len(r_ids)))
-        ids, att, rows, cols = pack([p_ids[i] for i in s], [r_ids[i] for i in s], PAD)
-        z = reference(input_ids=ids, attention_mask=att).logits[rows, cols] / 0.7
-        logp_all = z.log_softmax(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        t0, t1 = starts[s.start], starts[s.stop]
-        logp = logp_all.gather(1, tokens[t0:t1, None]).squeeze(1)
-        k = math.ceil(0.3 * (t1 - t0))
-        top = torch.zeros(t1 - t0, dtype=torch.bool)
-        top[torch.topk(entropy.detach(), k).indices] = True
-        mask[t0:t1] = top
-        adv_tok = adv.double().repeat_interleave(torch.tensor(lengths))[t0:t1]
-        ell, _ = clipped_surrogate(logp[top], old[t0:t1][top], adv_tok[top], 0.2, 0.28)
-        total = total + len(s) / len(r_ids) * ell.mean()
-    total.backward()
-    assert torch.equal(update.mask[valid_grid(lengths)], mask)
-    assert update.loss == pytest.approx(float(total), rel=1e-5)
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
-        assert torch.allclose(p.grad.double(), q.grad, rtol=1e-4, atol=1e-7), name
-    assert update.micro_batches == math.ceil(len(r_ids) / micro)
+    raw["train"].update(warmup_steps=10, lr=1e-6)
+    ours = validate(raw, "w.yaml").train
+    raw["train"].update(warmup_from_zero=True)
+    verl = validate(raw, "w.yaml").train
+    assert [train.lr_at(s, verl) for s in range(12)] == pytest.approx([s / 10 * 1e-6 for s in range(10)] + [1e-6] * 2)
+    assert [train.lr_at(s, ours) for s in range(12)] == pytest.approx([(s + 1) / 10 * 1e-6 for s in range(10)] + [1e-6] * 2)
+    assert train.lr_at(0, verl) == 0.0 and train.lr_at(3, verl, lr=2e-6) == pytest.approx(6e-7)
+
+
+@pytest.mark.parametrize("zero", [0])
+def test_a_non_finite_gradient_norm_skips_the_step(test_raw, zero):
+    """verl zeroes the gradients and skips the optimizer step when the norm is not finite. Under
+    ZeRO-0 the actor checks the norm before engine.step() (ZeRO-1 to 3: DeepSpeed's own overflow
+    check, whose skipped_steps the actor reads, passes this test too: add 1 to see it, ~10 s).
+    The parameters and the optimizer's state do not move; the next finite step trains as usual."""
+    raw = copy.deepcopy(test_raw)
+    raw["train"].update(zero_stage=zero, lr=1e-2, micro_batch_size=4)
+    cfg = validate(raw, "skip.yaml")
+    dist = engine_glue.init_distributed(engine_glue.resolve_launch(cfg, "tiny-s"))
+    engine = engine_glue.build_engine(build_scratch_model(ARCH, VOCAB, PAD, seed=0), cfg.train, dist.world)
+    engine.train()
+    p_ids, r_ids, adv, _ = random_batch(seed=2)
+    before = {n: p.detach().clone() for n, p in engine.module.lm.named_parameters()}
+    updates = []
+    for bad in (True, False):
+        mb = rollouts.Rollouts(p_ids, r_ids, [i // 4 for i in range(len(r_ids))],
+                               torch.where(torch.arange(len(r_ids)) == 1, float("nan"), adv) if bad else adv)
+        mb.stats = train.rescore(engine.module, mb, frozenset(), cfg, PAD, dist)
+        updates.append(actor_step(engine, mb, cfg.methods["grpo"], cfg, dist, torch.Generator(), PAD,
+                                  stats=mb.stats, on_policy=True))
+        if bad:
+            assert updates[0].skipped and not math.isfinite(updates[0].grad_norm)
+            assert engine.skipped_steps == 1
+            assert all(torch.equal(p, before[n]) for n, p in engine.module.lm.named_parameters())
+            assert all(p.grad is None or not p.grad.any() for p in engine.module.lm.parameters())
+            assert not engine.optimizer.state or zero > 0  # ZeRO-0: AdamW never stepped
+    assert not updates[1].skipped and math.isfinite(updates[1].grad_norm) and updates[1].grad_norm > 0
+    assert any(not torch.equal(p, before[n]) for n, p in engine.module.lm.named_parameters())
+    row = train.step_metrics(0, rollouts.Sampled(responses=1), _scored(mb), updates, dist, 1.0, kl_on=False)
+    assert row["skipped_steps"] == 1 and row["virtual_micro_batches"] is None
+
+
+def _scored(mb):
+    mb.stats = {k: torch.zeros(sum(mb.lengths)) for k in ("entropy", "renyi2", "logprob")}
+    return mb
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,17 +661,7 @@ def _unequal_worker(out: str) -> None:
 
 @pytest.mark.slow
 def test_unequal_lengths_under_zero2_complete_on_two_processes(tmp_path):
-    code = "import sys; from tests.test_trainer_dapo import _unequal_worker; _unequal_worker(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.pt")], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=300)  # a rank left waiting in a reduction never returns
-        assert p.returncode == 0, log[-3000:]
+    two_ranks("_unequal_worker", tmp_path / "out.pt")
     result = torch.load(tmp_path / "out.pt")
     assert result["counts"][0] < result["counts"][1]  # the budget split them unequally
     assert result["calls"] == max(result["counts"]) and result["norm"] > 0

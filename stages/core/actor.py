@@ -25,28 +25,37 @@ Sequence parallelism (the Policy's Layout): the ranks of a group hold the same m
 runs its slice of every micro-batch's positions and back-propagates the loss of the selected
 tokens that slice predicts, so the group's terms add up to one rank's.
 
-`methods.<m>.selection_scope: microbatch` replaces 1-2 by the released 80/20 code's scope: each
-micro-batch ranks its own tokens, scored by the current policy in that micro-batch's own forward
-pass (entropy from the hidden states it back-propagates through), and its loss is the mean over
-its own selected tokens scaled by its share B_micro / B_mini of the rank's mini-batch sequences;
-ranks' losses are averaged.
+`methods.<m>.selection_scope: microbatch` replaces 1-2 by the released 80/20 code's scope
+(:func:`select_micro`): the mini-batch is verl's, in the layout of `train.virtual_layout`
+(stages.core.batching.virtual_step; the sequences moved to the rank that computes their virtual
+data-parallel group, stages.core.rollouts.virtual_minibatches), and each of its virtual
+micro-batches ranks its own tokens on the current policy's scores (a no-grad rescoring pass,
+which equals the gradient forward's up to the rounding of a different batching); a
+micro-batch's loss is the mean over its own selected tokens × B_micro / B_mini (its share of its
+group's mini-batch), and the groups' losses are averaged, as verl's ranks' gradients are. The
+physical forwards (3) are then any size memory allows.
+
+A non-finite gradient norm skips the optimizer step and clears the gradients, as verl does:
+DeepSpeed does so itself under ZeRO 1-3 (its ZeRO optimizers' overflow check, which in 0.19.8 also
+covers bf16 and float32), and :func:`actor_step` does under ZeRO-0, which would clip and step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..config import Config, Loss, Method
+from .batching import MicroScope, forward_plan, micro_batches
 from .engine import Dist, gradient_world
 from .losses import clipped_surrogate, k3_kl, loss_weights
 from .policy import as_policy
 from .rollouts import Rollouts
-from .scorer import Chunks, forward_plan, head_logprob, micro_batches, sp_assemble, trunk_hidden
+from .scorer import Chunks, head_logprob, trunk_hidden
 from .selectors import STATISTICS, SelectionInput, grid, select_tokens, valid_grid
-from .stats import chunked_token_statistics
 
 
 @dataclass
@@ -64,6 +73,7 @@ class Update:
     mask: Tensor  # (B_global, T) the selection, for tests
     n_truncated: int = 0  # selected tokens whose importance weight was cut at train.tis_cap
     micro_batches: int = 0  # forward/backward calls of this optimizer step on each rank
+    skipped: bool = False  # a non-finite gradient norm: no optimizer step (verl's rule)
 
 
 @dataclass
@@ -154,71 +164,81 @@ def truncated_importance_weights(old: Tensor, sampler: Tensor, cap: float) -> tu
     return ratio.clamp(max=cap), ratio > cap
 
 
-def _micro_scope_select(method: Method, hidden_rows: Tensor, ids: Tensor, lengths: list[int],
-                        advantages: Tensor, head, temperature: float, chunks: Chunks,
-                        generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
-    """The released 80/20 code's selection: the method's mask over one micro-batch's own tokens,
-    scored by the current policy from the hidden states of this very forward pass (detached).
-    Returns (selected (n,) bool over the micro-batch's response tokens, their statistics)."""
-    needs = method.needs()
-    stats = chunked_token_statistics(hidden_rows.detach(), head.weight, ids, temperature,
-                                     head_bias=head.bias, jsd="jsd" in needs,
-                                     chunk_positions=chunks.positions, chunk_vocab=chunks.vocab)
-    valid = valid_grid(lengths)
-    fields = {name: grid(stats[name].float().cpu(), lengths) for name in needs & set(STATISTICS)}
-    if "token_ids" in needs:
-        fields["token_ids"] = grid(ids.cpu(), lengths)
-    if "advantages" in needs:
-        fields["advantages"] = advantages.float().cpu()
-    inp = SelectionInput(valid=valid, generator=generator, **fields)
-    mask = select_tokens(method.selector, inp, **method.selector_params())
-    return mask[valid], {k: v.float().cpu() for k, v in stats.items()}
+def select_micro(method: Method, mb: Rollouts, stats: dict[str, Tensor], dist: Dist,
+                 generator: torch.Generator, scope: MicroScope, dense: bool = False) -> Selection:
+    """The released 80/20 code's mask and weights: per virtual micro-batch P of this rank (scope:
+    lists of indices into mb's sequences), the method's selection over P's own tokens on `stats`
+    (the current policy's, flat (N,) over mb's tokens; every valid token during a dense warm-up),
+    and weights |P| / B_mini / n_sel(P) / groups on P's selected tokens: verl's masked token-mean
+    × B_micro / B_mini, averaged over the data-parallel groups. `mask` covers every rank's
+    sequences (B_all, T) in rank order, for the metrics and tests."""
+    selector, params = ("all", {}) if dense else (method.selector, method.selector_params())
+    needs = frozenset() if dense else method.needs()
+    lengths = mb.lengths
+    starts = torch.tensor([0] + lengths).cumsum(0).tolist()
+    ids = mb.token_ids()
+    selected = torch.zeros(starts[-1], dtype=torch.bool)
+    weights = torch.zeros(starts[-1], dtype=torch.float64)
+    for part in scope.micro:
+        tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in part])  # (n_P,)
+        own = [lengths[i] for i in part]
+        fields: dict[str, Tensor] = {}
+        for name in needs & set(STATISTICS):
+            if name not in stats:
+                raise KeyError(f"selector {method.selector!r} needs {name!r}, which was not scored")
+            fields[name] = grid(stats[name].float()[tokens], own)
+        if "token_ids" in needs:
+            fields["token_ids"] = grid(ids[tokens], own)
+        if "advantages" in needs:
+            fields["advantages"] = mb.advantages.float()[part]
+        valid = valid_grid(own)
+        mask = select_tokens(selector, SelectionInput(valid=valid, generator=generator, **fields),
+                             **params)[valid]  # (n_P,)
+        n_sel = int(mask.sum())
+        selected[tokens] = mask
+        if n_sel:
+            weights[tokens[mask]] = len(part) / scope.group_batch / n_sel / scope.groups
+    lengths_all = torch.cat(dist.gather(torch.tensor(lengths, dtype=torch.long)))
+    valid_all = valid_grid(lengths_all)
+    mask_all = grid(dist.cat(selected), lengths_all, fill=False)
+    return Selection(mask_all, valid_all, selected, weights)
 
 
-def _selected_logprob(head, rows: Tensor, tokens: Tensor, *, chosen: Tensor | None,
-                      owned: Tensor, method: Method, scope_rows: Tensor, scope_tokens: Tensor,
-                      lengths: list[int], advantages: Tensor, temperature: float, chunks: Chunks,
-                      generator: torch.Generator) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """The head's part of one micro-batch, run inside the Policy's forward.
-
-    rows (n_owned, D), tokens (n_owned,): this rank's response tokens of the micro-batch (all of
-    them without sequence parallelism), owned (n_owned,) their indices among its N tokens.
-    chosen (N,) bool: the selection over the micro-batch's tokens; None: the micro-batch scope's
-    own, made here from scope_rows (N, D) and scope_tokens (N,), every token's hidden state of
-    this very forward (detached; gathered from the sequence-parallel group). Returns (log p
-    (n_sel,) with gradient of this rank's chosen tokens, chosen, the micro-batch scope's
-    statistics or {})."""
-    mstats: dict[str, Tensor] = {}
-    if chosen is None:
-        chosen, mstats = _micro_scope_select(method, scope_rows, scope_tokens, lengths, advantages,
-                                             head, temperature, chunks, generator)
+def _selected_logprob(head, rows: Tensor, tokens: Tensor, *, chosen: Tensor, owned: Tensor,
+                      temperature: float, chunks: Chunks) -> Tensor:
+    """The head's part of one micro-batch, run inside the Policy's forward: log p (n_sel,) with
+    gradient of this rank's chosen tokens. rows (n_owned, D), tokens (n_owned,): this rank's
+    response tokens of the micro-batch (all of them without sequence parallelism), owned
+    (n_owned,) their indices among its N tokens, chosen (N,) bool the selection over them."""
     pick = chosen.to(owned.device)[owned].nonzero().squeeze(1)  # (n_sel,) among the owned rows
-    logp = head_logprob(head, rows[pick], tokens[pick], temperature, chunks)
-    return logp, chosen, mstats
+    return head_logprob(head, rows[pick], tokens[pick], temperature, chunks)
 
 
 def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
                generator: torch.Generator, pad_id: int, *, stats: dict[str, Tensor],
-               on_policy: bool, dense: bool = False, ref_model=None) -> Update:
+               on_policy: bool, dense: bool = False, ref_model=None,
+               scope: MicroScope | None = None) -> Update:
     """One optimizer step on a mini-batch (this rank's part in `mb`).
 
     stats: per-token scores of mb's tokens (flat (N,)) for the selector; mb.stats: the sampling
     policy's (old log-probs when not on-policy); mb.sampler_logprobs: the sampler's own.
-    engine.module and ref_model: Policies; each forward call runs the trunk, then the head inside
-    the Policy's forward (gathered there under ZeRO-3), the policy's through the engine.
+    scope: this rank's virtual micro-batches (selection_scope: microbatch; stats must then be the
+    current policy's). engine.module and ref_model: Policies; each forward call runs the trunk,
+    then the head inside the Policy's forward (gathered there under ZeRO-3), the policy's
+    through the engine.
 
     dist: the data-parallel group. With sequence parallelism (the Policy's Layout) the ranks of
     a sequence-parallel group hold the same mini-batch and run the same micro-batches; each
-    computes the loss of the selected tokens its slice of positions predicts (the micro-batch
-    scope selects from the whole micro-batch's hidden states, gathered in the group), so the
-    group's terms add up to the one-rank term; the reported sums add over the group too."""
+    computes the loss of the selected tokens its slice of positions predicts, so the group's
+    terms add up to the one-rank term; the reported sums add over the group too."""
     tcfg, loss_cfg = cfg.train, cfg.train.loss
     model, device, temp = as_policy(engine.module), dist.device, tcfg.temperature
-    sp = model.layout.sp
     ref = None if ref_model is None else as_policy(ref_model)
     chunks = Chunks(cfg.token_stats.chunk_positions, cfg.token_stats.chunk_vocab)
-    micro_scope = method.selection_scope == "microbatch" and not dense
-    sel = None if micro_scope else select(method, mb, stats, dist, generator, loss_cfg.denominator, dense)
+    if method.selection_scope == "microbatch" and scope is None:
+        raise ValueError("selection_scope 'microbatch' needs the virtual micro-batches (scope)")
+    sel = (select_micro(method, mb, stats, dist, generator, scope, dense) if scope is not None
+           else select(method, mb, stats, dist, generator, loss_cfg.denominator, dense))
     ids = mb.token_ids()  # (N,)
     adv_tok = mb.advantages.float().repeat_interleave(torch.tensor(mb.lengths, dtype=torch.long))
     starts = torch.tensor([0] + mb.lengths).cumsum(0).tolist()
@@ -230,8 +250,6 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
         raise ValueError("train.tis_cap: the sampler gave no log-probs of its tokens")
     divisor = gradient_world(tcfg, dist)
     total, clipped_n, kl_sum, truncated = 0.0, 0, 0.0, 0
-    picked_local = torch.zeros(len(ids), dtype=torch.bool)
-    micro_stats: dict[str, list[Tensor]] = {"entropy": [], "renyi2": []}
     for j, m in enumerate(plan):
         engine.set_gradient_accumulation_boundary(j == len(plan) - 1)
         padding = m is None  # a forward of trunk_hidden's stand-in, selecting nothing: zero gradient
@@ -239,44 +257,20 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
         prompts = [mb.prompt_ids[i] for i in seqs]
         responses = [mb.response_ids[i] for i in seqs]
         a, b = (0, 0) if padding else (starts[m.start], starts[m.stop])
-        advantages = mb.advantages[:0] if padding else mb.advantages[m.start:m.stop]
         trunk = trunk_hidden(model, prompts, responses, pad_id, device)
         rows = trunk.rows()  # (n_owned, D) this rank's response tokens of the micro-batch
         owned = trunk.owned_index  # (n_owned,) their indices among the micro-batch's
         tokens = ids[a:b].to(device)
-        if padding:
-            chosen = torch.zeros(0, dtype=torch.bool)
-        elif micro_scope:
-            chosen = None  # chosen inside the head call, from this very forward's hidden states
-        else:
-            chosen = sel.selected[a:b]  # (n,) within the micro-batch
-        scope_rows = None
-        if chosen is None:
-            scope_rows = sp_assemble(rows.detach(), trunk.owned.to(rows.device), sp)
+        chosen = torch.zeros(0, dtype=torch.bool) if padding else sel.selected[a:b]  # (n,)
         # through the engine: DeepSpeed counts micro-batches in its forward (ZeRO-3 accumulates
         # a micro-batch's gradients onto the previous ones only when one ran in between)
-        logp, chosen, mstats = engine(rows, tokens[owned.to(device)], fn=_selected_logprob,
-                                      chosen=chosen, owned=owned.to(device), method=method,
-                                      scope_rows=scope_rows, scope_tokens=tokens,
-                                      lengths=[len(r) for r in responses], advantages=advantages,
-                                      temperature=temp, chunks=chunks, generator=generator)
-        chosen = chosen.cpu()
-        for key in mstats.keys() & micro_stats.keys():
-            micro_stats[key].append(mstats[key])
-        if not padding:
-            picked_local[a:b] = chosen
+        logp = engine(rows, tokens[owned.to(device)], fn=_selected_logprob, chosen=chosen,
+                      owned=owned.to(device), temperature=temp, chunks=chunks)
         mine = chosen[owned.cpu()].nonzero().squeeze(1)  # among the owned rows
         pick = owned.cpu()[mine]  # (n_sel,) this rank's chosen tokens, within the micro-batch
         tokens = tokens[pick.to(device)]
         old = logp.detach() if on_policy else mb.stats["logprob"][a:b][pick].to(device, logp.dtype)
-        if micro_scope and not padding:  # its own selected tokens, scaled by its share of the rank's sequences
-            n_pick = max(int(chosen.sum()), 1)
-            weights = torch.full((int(pick.numel()),), len(m) / len(mb.response_ids) / n_pick / dist.world,
-                                 dtype=torch.float64)
-        elif padding:
-            weights = torch.zeros(0, dtype=torch.float64)
-        else:
-            weights = sel.weights[a:b][pick]
+        weights = torch.zeros(0, dtype=torch.float64) if padding else sel.weights[a:b][pick]
         ref_logp = None
         if loss_cfg.kl_beta > 0:
             with torch.no_grad():
@@ -295,29 +289,37 @@ def actor_step(engine, mb: Rollouts, method: Method, cfg: Config, dist: Dist,
         kl_sum += kl
         truncated += cut
         del trunk, rows, logp, term
-    grad_norm = None
-    if tcfg.zero_stage == 0:  # ZeRO-0 keeps reduced full gradients on every rank
-        grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
-        grad_norm = float(torch.stack(grads).norm()) if grads else None
-    engine.step()
-    if grad_norm is None:
-        grad_norm = float(engine.get_global_grad_norm() or 0.0)
+    grad_norm, skipped = optimizer_step(engine, model, tcfg)
     # each rank's part of the loss: its own tokens (its slice of the positions under sequence
     # parallelism), so the sums run over the sequence-parallel group, then the data-parallel one
     sums = dist.sum(dist.sp.sum(torch.tensor([total, clipped_n, kl_sum, truncated], dtype=torch.float64)))
-    if micro_scope:
-        lengths_all = torch.cat(dist.gather(torch.tensor(mb.lengths, dtype=torch.long)))
-        valid = valid_grid(lengths_all)
-        mask = grid(dist.cat(picked_local), lengths_all, fill=False)
-        scored = {k: torch.cat(v) if v else torch.zeros(0) for k, v in micro_stats.items()}
-    else:
-        valid, mask, scored = sel.valid, sel.mask, stats
-    picked = mask[valid]  # (N_all,)
+    picked = sel.mask[sel.valid]  # (N_all,)
     h_sel = h2_sel = 0.0
-    if "entropy" in scored:
-        h_sel = float(dist.cat(scored["entropy"].float())[picked].double().sum())
-        h2_sel = float(dist.cat(scored["renyi2"].float())[picked].double().sum())
-    return Update(loss=float(sums[0]), grad_norm=grad_norm, n_valid=int(valid.sum()),
-                  n_selected=int(mask.sum()), n_clipped=int(sums[1]), kl_sum=float(sums[2]),
-                  entropy_selected_sum=h_sel, renyi2_selected_sum=h2_sel, mask=mask,
-                  n_truncated=int(sums[3]), micro_batches=len(plan))
+    if "entropy" in stats:
+        h_sel = float(dist.cat(stats["entropy"].float())[picked].double().sum())
+        h2_sel = float(dist.cat(stats["renyi2"].float())[picked].double().sum())
+    return Update(loss=float(sums[0]), grad_norm=grad_norm, n_valid=int(sel.valid.sum()),
+                  n_selected=int(sel.mask.sum()), n_clipped=int(sums[1]), kl_sum=float(sums[2]),
+                  entropy_selected_sum=h_sel, renyi2_selected_sum=h2_sel, mask=sel.mask,
+                  n_truncated=int(sums[3]), micro_batches=len(plan), skipped=skipped)
+
+
+def optimizer_step(engine, model, tcfg) -> tuple[float, bool]:
+    """Clip and step unless the global gradient norm is not finite; returns (the norm before
+    clipping, whether the step was skipped). verl skips such a step and clears the gradients.
+    DeepSpeed's ZeRO 1-3 optimizers do so in engine.step() (their overflow check: the step is
+    counted in engine.skipped_steps). ZeRO-0 would clip a NaN norm and step, so the norm of its
+    reduced full gradients (the same on every rank) is checked here first."""
+    if tcfg.zero_stage == 0:  # ZeRO-0 keeps reduced full gradients on every rank
+        grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+        norm = float(torch.stack(grads).norm()) if grads else 0.0
+        if not math.isfinite(norm):
+            engine.zero_grad()
+            if hasattr(engine, "skipped_steps"):
+                engine.skipped_steps += 1
+            return norm, True
+        engine.step()
+        return norm, False
+    before = getattr(engine, "skipped_steps", 0)
+    engine.step()
+    return float(engine.get_global_grad_norm() or 0.0), getattr(engine, "skipped_steps", 0) > before

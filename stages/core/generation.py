@@ -57,11 +57,30 @@ def sequence_seed(seed_of_prompt: int, sample_idx: int) -> int:
     return (seed_of_prompt + sample_idx) % (1 << SEED_BITS)
 
 
-def stop_token_ids(tokenizer) -> list[int]:
-    """The ids a response stops at: end-of-text first, then the chat template's end-of-turn
-    token when the tokenizer has a chat template that uses one (Qwen2.5 base models write
-    `<|im_end|>` after a ChatML prompt; a tokenizer without a template stops at eos only)."""
+STOP_RULES = ("end_of_turn", "generation_config")
+"""Where responses stop (models.<size>.stop_tokens; :func:`stop_token_ids`)."""
+
+
+def stop_token_ids(tokenizer, rule: str = "end_of_turn", generation_config=None) -> list[int]:
+    """The ids a response stops at, end-of-text first.
+
+    rule end_of_turn: end-of-text, then the chat template's end-of-turn token when the tokenizer
+    has a chat template that uses one (Qwen2.5 base models write `<|im_end|>` after a ChatML
+    prompt; a tokenizer without a template stops at eos only).
+    rule generation_config: verl's, which gives vLLM no stop list: end-of-text and every
+    eos_token_id (an int or a list) of the model's `generation_config` (a transformers
+    GenerationConfig or a dict; None: end-of-text alone, for vLLM, which adds its model's
+    generation-config ids itself)."""
+    if rule not in STOP_RULES:
+        raise ValueError(f"unknown stop rule {rule!r}; known: {list(STOP_RULES)}")
     stops = [tokenizer.eos_token_id]
+    if rule == "generation_config":
+        listed = (generation_config.get("eos_token_id") if isinstance(generation_config, dict)
+                  else getattr(generation_config, "eos_token_id", None))
+        for tid in [listed] if isinstance(listed, int) else list(listed or []):
+            if tid not in stops:
+                stops.append(int(tid))
+        return stops
     template = getattr(tokenizer, "chat_template", None) or ""
     for token in END_OF_TURN:
         if token in template:
@@ -140,6 +159,7 @@ def sample_hf(
     batch_size: int,
     desc: str = "sampling",
     synced_gpus: bool = False,
+    stop_tokens: str = "end_of_turn",
 ) -> list[Sample]:
     """`n` sampled responses for each prompt, ordered by (prompt, sample); temperature 0 is greedy.
 
@@ -149,13 +169,14 @@ def sample_hf(
     log-prob of every response token (None when greedy).
     max_new_tokens: one limit, or one per prompt (a batch generates up to its largest limit and
     each response is cut at its own). A response ends at its first stop token
-    (:func:`stop_token_ids`: end-of-text and the chat template's end-of-turn), which it keeps.
+    (:func:`stop_token_ids` by rule `stop_tokens`, the model's generation config at hand), which
+    it keeps.
     synced_gpus: a ZeRO-3 model, whose every forward gathers parameters from all ranks: each
     generate() call runs forwards until every rank's batch is done (transformers' synced_gpus);
     the ranks must make equally many calls (batches)."""
     from transformers import LogitsProcessorList
 
-    stops = stop_token_ids(tokenizer)
+    stops = stop_token_ids(tokenizer, stop_tokens, getattr(model, "generation_config", None))
     eos = stops[0]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     limits = per_prompt(max_new_tokens, len(prompts))

@@ -33,6 +33,9 @@ def group_advantages(rewards: Tensor, groups: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 DENOMINATORS = ("selected", "all", "sequence")
 
+LOG_RATIO_CLAMP = 20.0
+"""verl clamps log p − log p_old to ±20 before the exponential (core_algos.compute_policy_loss)."""
+
 
 def clipped_surrogate(
     logprob: Tensor,
@@ -42,14 +45,16 @@ def clipped_surrogate(
     eps_high: float,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """PPO-clip per token: (ℓ = −min(r Â, clip(r, 1−ε_low, 1+ε_high) Â), clipped) with r = exp(logp − logp_old).
+    """PPO-clip per token: (ℓ = −min(r Â, clip(r, 1−ε_low, 1+ε_high) Â), clipped) with
+    r = exp(clamp(logp − logp_old, −20, 20)), as verl clamps it: the ratio lies in [e^−20, e^20]
+    and cannot overflow, and beyond the clamp its gradient is 0.
 
     All arguments broadcast to one shape. `clipped` (bool) marks the tokens where the clipped
     branch is the active one (its gradient is 0), the PPO "clip fraction". With dual_clip = c
     (verl's dual-clip, c > 1), tokens with Â < 0 are bounded by ℓ ≤ −c Â, so a huge ratio on a
     bad token cannot dominate; those tokens count as clipped too.
     """
-    ratio = torch.exp(logprob - old_logprob)
+    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     unclipped = -advantages * ratio
     clipped_loss = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped_loss)
@@ -64,7 +69,7 @@ def clipped_surrogate(
     return loss, clipped
 
 
-K3_LOG_RATIO_CLAMP = 20.0
+K3_LOG_RATIO_CLAMP = LOG_RATIO_CLAMP
 K3_CLAMP = 10.0
 
 

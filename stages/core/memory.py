@@ -61,7 +61,10 @@ the reference, whole onto each GPU before DeepSpeed partitions them); rollout (r
 states, the reference, and the colocated vLLM engine's share, gpu_memory_utilization x GPU memory,
 which must hold its weights, one max_model_len sequence's KV cache and its workspace); training
 (model states at the step, buckets, activations, the chunked head, the reference, and what the
-engine keeps asleep at level 2: weights and KV cache are freed). Rollout, token-statistics and
+engine keeps asleep at level 2: weights and KV cache are freed); scoring between optimizer steps
+(resident model states, the reference, the engine asleep, and a no-gradient forward of one
+micro-batch with its statistics: the sampling pass and the rescoring passes, :func:`scoring_terms`).
+Rollout, token-statistics and
 evaluation jobs have one phase each.
 """
 
@@ -627,6 +630,29 @@ def teacher_forcing_terms(arch: Arch, w: int, sequences: int, seq_len: int, chun
              f"2 x {cp} x {cv} x 8: float64 sums of a block's keys, and S - p leaving one out"),
         Term("sum of p over the file", 3 * arch.vocab * 8,
              "3 x V x 8: float64, the file's, a group's and p-bar")]
+
+
+def scoring_terms(arch: Arch, w: int, tokens: float, sequences: int, seq_len: int,
+                  chunk_positions: int, chunk_vocab: int, sp: int = 1,
+                  padding_free: bool = False) -> list[Term]:
+    """The trainer's no-gradient scoring of one micro-batch of `tokens` tokens (`sequences` rows
+    of seq_len; stages.core.scorer.score_scope): the sampling pass, and the rescoring pass by the
+    current policy before every later mini-batch (selection_scope: microbatch, or rescore). A
+    forward without activations kept: one layer's working set and the last hidden states (split
+    over sequence parallelism), the padded rows' attention mask, the statistics blocks, and the
+    deviations' float64 sums when a selector needs them (counted always: an upper bound)."""
+    t = tokens / sp
+    cp, cv = chunk_positions, min(chunk_vocab, arch.vocab)
+    terms = [Term("scoring forward working set",
+                  t * w * (3 * arch.hidden + 3 * arch.intermediate + arch.q_width + 2 * arch.kv_width),
+                  "one layer, no gradient"),
+             Term("scoring hidden states", 2 * t * arch.hidden * w, "2wD per token")]
+    if sequences > 1 and not padding_free and sp == 1:
+        terms.append(Term("scoring attention mask", sequences * seq_len**2 * (1 + w),
+                          f"{sequences} x {seq_len:,}^2 x (1+w)"))
+    return terms + [
+        Term("scoring statistics blocks", STATS_BLOCKS * cp * cv * 4, f"{STATS_BLOCKS} x {cp} x {cv} x 4"),
+        Term("scoring deviation sums", 2 * cp * cv * 8, f"2 x {cp} x {cv} x 8")]
 
 
 def teacher_forcing_host_terms(arch: Arch, w: int, group_tokens: int, file_tokens: int) -> list[Term]:

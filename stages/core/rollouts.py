@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..config import Config
+from .batching import MicroScope, VirtualStep, group_owner, virtual_step
 from .engine import Dist
 from .generation import hashed_seed
 from .losses import group_advantages, overlong_penalty
@@ -312,3 +313,68 @@ def split_minibatches(roll: Rollouts, groups_per_minibatch: int, group_size: int
                             roll.advantages[a:b],
                             {k: v[starts[a]:starts[b]] for k, v in roll.stats.items()}, sampler))
     return out
+
+
+def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
+    """Several Rollouts as one, in order (their stats and sampler log-probs concatenated)."""
+    if not parts:
+        return Rollouts([], [], [], torch.zeros(0))
+    keys = set.intersection(*(set(p.stats) for p in parts))
+    sampler = (None if any(p.sampler_logprobs is None for p in parts)
+               else torch.cat([p.sampler_logprobs for p in parts]))
+    return Rollouts([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.response_ids],
+                    [x for p in parts for x in p.groups], torch.cat([p.advantages for p in parts]),
+                    {k: torch.cat([p.stats[k] for p in parts]) for k in keys}, sampler)
+
+
+def virtual_minibatches(roll: Rollouts, cfg: Config, dist: Dist) -> tuple[list[Rollouts], list[MicroScope], VirtualStep]:
+    """This rank's part of each mini-batch in verl's layout (train.virtual_layout), with its
+    virtual micro-batches, and the step's layout.
+
+    The step's sequences are numbered in verl's batch order: the prompt slots of the step in
+    order (the kept groups in stream order), a group's G responses together. Every rank computes
+    the same layout from everyone's lengths (prompt + response tokens); a virtual data-parallel
+    group is computed by one data-parallel rank (batching.group_owner: consecutive blocks), and
+    each sequence moves there with its advantage and sampler log-probs. The ranks of a
+    sequence-parallel group make the same exchange in their own data-parallel groups, so they
+    hold the same sequences."""
+    t, v = cfg.train, cfg.train.virtual_layout
+    g = t.group_size
+    slots = rank_slots(t.prompts_per_step, t.mini_batch_prompts, dist.world, dist.rank)
+    if len(roll.response_ids) != len(slots) * g:
+        raise ValueError(f"rank {dist.rank} holds {len(roll.response_ids)} sequences, not its "
+                         f"{len(slots)} groups of {g}: verl's layout needs a full step")
+    index = [slots[i // g] * g + i % g for i in range(len(roll.response_ids))]  # in the step's order
+    totals = [len(p) + len(r) for p, r in zip(roll.prompt_ids, roll.response_ids, strict=True)]
+    pairs = dist.cat(torch.tensor([[i, n] for i, n in zip(index, totals, strict=True)],
+                                  dtype=torch.long).reshape(-1))
+    lengths = [0] * (t.prompts_per_step * g)
+    for i, n in pairs.reshape(-1, 2).tolist():
+        lengths[i] = n
+    layout = virtual_step(lengths, world_size=v.world_size, sequence_parallel=v.sequence_parallel,
+                          group_batch=t.mini_batch_prompts * g // v.groups, budget=v.budget,
+                          balance=v.balance_batch)
+    owner = {i: group_owner(gr, layout.groups, dist.world)
+             for gr, seqs in enumerate(layout.order) for i in seqs}
+    starts = torch.tensor([0] + roll.lengths).cumsum(0).tolist()
+    outgoing: list[list] = [[] for _ in range(dist.world)]
+    for k, i in enumerate(index):
+        sampler = (None if roll.sampler_logprobs is None
+                   else roll.sampler_logprobs[starts[k]:starts[k + 1]])
+        outgoing[owner[i]].append((i, roll.prompt_ids[k], roll.response_ids[k], roll.groups[k],
+                                   float(roll.advantages[k]), sampler))
+    held = {item[0]: item for item in dist.exchange(outgoing)}
+    mine = [gr for gr in range(layout.groups) if group_owner(gr, layout.groups, dist.world) == dist.rank]
+    minibatches, scopes = [], []
+    for per_group in layout.micro:
+        seqs = [i for gr in mine for m in per_group[gr] for i in m]
+        place = {i: k for k, i in enumerate(seqs)}
+        rows = [held[i] for i in seqs]
+        sampler = (None if any(r[5] is None for r in rows) or not rows
+                   else torch.cat([r[5] for r in rows]))
+        minibatches.append(Rollouts([r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                                    torch.tensor([r[4] for r in rows], dtype=torch.float32),
+                                    sampler_logprobs=sampler))
+        scopes.append(MicroScope([[place[i] for i in m] for gr in mine for m in per_group[gr]],
+                                 t.mini_batch_prompts * g // v.groups, layout.groups))
+    return minibatches, scopes, layout

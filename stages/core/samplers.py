@@ -33,17 +33,22 @@ class HfPolicySampler:
     forwards until every rank's is) and make equally many generate() calls (a rank with fewer
     batches generates a one-token stand-in and discards it)."""
 
-    def __init__(self, model, tokenizer, batch_size: int, dist=None) -> None:
+    def __init__(self, model, tokenizer, batch_size: int, dist=None,
+                 stop_tokens: str = "end_of_turn") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dist = dist
+        self.stop_tokens = stop_tokens  # models.<size>.stop_tokens
 
     def sync(self) -> None:
         """Nothing to do: generation reads the live parameters."""
 
     def release(self) -> None:
         """Nothing to do: generation holds no memory between steps."""
+
+    def close(self) -> None:
+        """Nothing to do: the training module is the engine."""
 
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int | list[int], prompt_seeds: list[int],
@@ -58,7 +63,8 @@ class HfPolicySampler:
         try:
             out = sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
                             top_p=top_p, max_new_tokens=max_new_tokens, prompt_seeds=prompt_seeds,
-                            batch_size=self.batch_size, desc=desc, synced_gpus=synced)  # no gradient
+                            batch_size=self.batch_size, desc=desc, synced_gpus=synced,
+                            stop_tokens=self.stop_tokens)  # no gradient
             for _ in range(pad):
                 sample_hf(self.model, self.tokenizer, [self.tokenizer.eos_token], n=1,
                           temperature=temperature, top_p=top_p, max_new_tokens=1,
@@ -113,7 +119,8 @@ class VllmPolicySampler:
                  gpu_memory_utilization: float, max_model_len: int, dtype: str,
                  batch_invariant: bool = False, tensor_parallel_size: int = 1,
                  float32_head: bool = True, engine_kwargs: dict | None = None,
-                 gather_elements: int | None = None) -> None:
+                 gather_elements: int | None = None, stop_tokens: str = "end_of_turn") -> None:
+        self.stop_tokens = stop_tokens  # models.<size>.stop_tokens
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is built
         if world_size % tensor_parallel_size:
             raise ValueError(f"tensor_parallel_size {tensor_parallel_size} does not divide the "
@@ -241,6 +248,13 @@ class VllmPolicySampler:
             self.llm.sleep(level=2)
             self.asleep = True
 
+    def close(self) -> None:
+        """Shut the engine down before the job's process group goes: vLLM's teardown destroys its
+        own groups and then the default one, which it shares with DeepSpeed (left to the engine's
+        finalizer at exit, it would find them destroyed already and raise). After this the
+        process group is gone."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int | list[int], prompt_seeds: list[int],
                desc: str = "rollout") -> list[Sample]:
@@ -257,7 +271,7 @@ class VllmPolicySampler:
                           temperature=temperature, top_p=top_p,
                           max_new_tokens=[x for s in shares for x in s[1]],
                           prompt_seeds=[x for s in shares for x in s[2]], logprobs=True,
-                          use_tqdm=False)
+                          use_tqdm=False, stop_tokens=self.stop_tokens)
         return [dataclasses.replace(x, prompt_idx=x.prompt_idx - offset) for x in out
                 if offset <= x.prompt_idx < offset + len(prompts)]
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .batching import RankMax, forward_plan, micro_batches  # noqa: F401  (the trainer imports them here)
 from .policy import as_policy
 from .scoring import pack_batch
 from .stats import (
@@ -49,8 +50,6 @@ from .stats import (
 AllReduce = Callable[[Tensor], Tensor]
 """Sums a tensor over the ranks that share a scope (None: one process)."""
 
-RankMax = Callable[[int], int]
-"""The largest of a number over the ranks of the job (None: one process)."""
 
 
 @dataclass(frozen=True)
@@ -143,35 +142,6 @@ def sp_assemble(local: Tensor, owned: Tensor, sp) -> Tensor:
     for part, mask in zip(parts, masks, strict=True):
         out[mask.bool().to(out.device)] = part.view(-1, *tail)
     return out
-
-
-def micro_batches(total_lengths: Sequence[int], max_sequences: int,
-                  max_tokens: int | None = None, padding_free: bool = False) -> list[range]:
-    """Consecutive sequences per forward: at most max_sequences, and while their cost stays
-    within max_tokens (a sequence longer than the budget goes alone). The cost of padded rows is
-    sequences × longest (prompt + response); of a padding-free row, the sum of the lengths."""
-    out, start, cost, longest = [], 0, 0, 0
-    for i, n in enumerate(total_lengths):
-        wider = max(longest, n)
-        grown = cost + n if padding_free else wider * (i - start + 1)
-        full = i - start >= max_sequences or (
-            max_tokens is not None and i > start and grown > max_tokens)
-        if full:
-            out.append(range(start, i))
-            start, wider, grown = i, n, n
-        longest, cost = wider, grown
-    if start < len(total_lengths):
-        out.append(range(start, len(total_lengths)))
-    return out
-
-
-def forward_plan(micro: list[range], rank_max: RankMax | None) -> list[range | None]:
-    """The micro-batches of each forward call of this rank, padded with None (a forward of a
-    stand-in whose result is discarded) up to the most any rank makes, so every rank makes
-    equally many: ZeRO-3 gathers parameters collectively in every forward, ZeRO-2 reduces
-    gradients in every backward, and a rank that stops early leaves the others waiting forever."""
-    calls = rank_max(len(micro)) if rank_max is not None else len(micro)
-    return [micro[j] if j < len(micro) else None for j in range(calls)]
 
 
 # ---------------------------------------------------------------------------------------------

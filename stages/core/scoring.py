@@ -3,7 +3,7 @@ streamed group by group.
 
 The token-statistics and overlap stages score a rollout file through :func:`stream_statistics`:
 the trunk runs in batches of a token budget without a KV cache (:func:`response_hidden`, the
-trainer's packing rule, stages.core.scorer.micro_batches), and only one group's hidden states
+trainer's packing rule, stages.core.batching.micro_batches), and only one group's hidden states
 (the responses of one problem) exist at a time, so memory does not grow with the file.
 
 The trainer feeds its trunk through :func:`pack_batch`: right-padded rows (:func:`pack`), or one
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .batching import micro_batches
 from .progress import progress
 from .stats import chunked_token_statistics, distribution_sum, jsd_to_mean
 
@@ -121,8 +122,6 @@ def response_hidden(model, prompts, responses, pad_id: int, batch_size: int = BA
     is on the CPU, in the model's dtype, so that the model's device holds the model and one batch
     (the statistics move blocks of rows there). Responses must be non-empty.
     """
-    from .scorer import micro_batches  # the trainer's packing rule; scorer imports this module
-
     trunk, _, _ = trunk_and_head(model)
     device = next(model.parameters()).device
     totals = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]

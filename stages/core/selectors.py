@@ -15,7 +15,8 @@ with :func:`register_selector`, which also declares what it reads and what it ta
 - ``per_response`` says whether the selector ranks each response's own positions (ICT's rule) or
   positions across the scope (20-Entropy); a bool, or a function of the validated parameters.
   Only scope-ranking selectors accept ``selection_scope: microbatch`` (the released 80/20 code's
-  scope: one micro-batch on one rank), since a micro-batch may split a response's group.
+  scope: one of verl's micro-batches, stages.core.batching), since a micro-batch may split a
+  response's group.
 
 Call a selector through :func:`select_tokens`, which runs it under no_grad and checks that the
 mask is boolean, of shape (B, T) and False on every invalid position. A selector sees the whole
