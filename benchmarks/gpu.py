@@ -177,10 +177,11 @@ def ratio_row(model: str, row: str, names: tuple[str, str], base, cand) -> dict:
         out[f"{side}_s"] = m["seconds"] if ok else None
         out[f"{side}_status"] = "ok" if ok else m
     both = isinstance(base, dict) and isinstance(cand, dict)
-    if both and not (base["peak_mb"] > 0 and base["seconds"] > 0):
-        both = False  # nothing measurable (tiny CPU cells): no ratio rather than a division by 0
-    out["peak_mem_ratio"] = out["candidate_peak_mb"] / out["baseline_peak_mb"] if both else None
-    out["time_ratio"] = out["candidate_s"] / out["baseline_s"] if both else None
+    # nothing measurable (tiny CPU cells; the matmul alone allocates one block, which can read as
+    # 0 MB): no ratio rather than a division by 0
+    out["peak_mem_ratio"] = (out["candidate_peak_mb"] / out["baseline_peak_mb"]
+                             if both and base["peak_mb"] > 0 else None)
+    out["time_ratio"] = out["candidate_s"] / out["baseline_s"] if both and base["seconds"] > 0 else None
     return out
 
 

@@ -50,7 +50,10 @@ def test_gpu_benchmark_tiny_runs_without_the_workflow_packages(tmp_path):
     assert set(rows) == expected
     for key, row in rows.items():
         assert row["baseline_status"] == row["candidate_status"] == "ok", key
-        for field in ("peak_mem_ratio", "time_ratio"):
+        # the matmul alone may allocate too little to measure on a tiny CPU model
+        fields = ("time_ratio",) if key[1].endswith("_to_matmul") else ("peak_mem_ratio",
+                                                                         "time_ratio")
+        for field in fields:
             assert row[field] is not None and math.isfinite(row[field]), (key, field)
             assert row[field] >= 0, (key, field)
 

@@ -128,7 +128,7 @@ def test_bf16_head_equals_a_float64_recomputation(monkeypatch, leave_out):
                                    atol=1e-12, equal_nan=True, err_msg=field)
 
 
-@pytest.mark.parametrize("piece_bytes", [stats.PIECE_BYTES, 96, 1 << 30])
+@pytest.mark.parametrize("piece_bytes", [1 << 21, 96, 1 << 30])
 def test_key_sums_are_index_add_bit_for_bit(monkeypatch, piece_bytes):
     """key_sum is the float64 sum of p over the key's rows in row order, the bits index_add_
     gives: keys of 1 to 40 rows, split over pieces at 96 bytes a piece."""

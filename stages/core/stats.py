@@ -54,10 +54,18 @@ CEILING_RTOL = 1e-3
 """at_ceiling: u within this relative distance of its ceiling c(w) counts as at the ceiling (ours)."""
 CHUNK_POSITIONS = 1024
 CHUNK_VOCAB = 32768
-PIECE_BYTES = 1 << 21
+CACHE_BLOCKS = 2
+"""group_step_jsd without a precomputed logsumexp keeps a block of keys' logits over the whole
+vocabulary (at most this many chunk_positions × chunk_vocab blocks, so blocks of fewer keys)
+between its two passes, so that the head's matmul runs once per row, not twice (ours;
+benchmarks/token_stats.py measures it)."""
+PIECE_BYTES = 1 << 30
 """On a CPU, the elementwise passes over a block visit its rows in pieces of about this many
-bytes per tensor (2 MiB: a few such tensors stay in the cache), not the whole block at once; the
-values are the same, every pass being per row (ours; benchmarks/token_stats.py measures it)."""
+bytes per tensor; the values are the same, every pass being per row. 1 GiB: the whole block at
+the default chunks. Pieces of 2 MiB (16 rows, to stay in the cache) ran 1.5-2x slower on the
+shared 2-core machine of docs/performance.md: each torch op over a small piece is a parallel
+region whose threads wait for one another, and there another job often holds one of the cores
+(ours; measured with benchmarks/token_stats.py and by hand, 2026-12-02)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,8 +87,9 @@ class _Moments:
 
 
 def _block_moments(z: Tensor, scratch: Tensor | None = None, finite: bool = False,
-                   full: bool = True) -> _Moments:
-    """Moments of one block of scaled logits z (n, v). Overwrites z (it is a scratch buffer).
+                   full: bool = True, shifted: Tensor | None = None) -> _Moments:
+    """Moments of one block of scaled logits z (n, v). Overwrites z (it is a scratch buffer),
+    unless shifted (n, v) is given: z − max is formed there instead, z kept.
 
     finite=False allows -inf logits (masked vocabulary entries): they contribute e = 0 and
     e·(z-m) = 0 instead of 0·inf = nan. A head's logits are finite, which saves that pass.
@@ -89,7 +98,7 @@ def _block_moments(z: Tensor, scratch: Tensor | None = None, finite: bool = Fals
     # a block whose row is all -inf gets the finite max finfo.min, so that row's moments are 0
     # and merging them stays 0 · (finite) instead of 0 · inf
     m = z.amax(dim=1).clamp_min_(torch.finfo(z.dtype).min)  # (n,)
-    z.sub_(m[:, None])
+    z = z.sub_(m[:, None]) if shifted is None else torch.sub(z, m[:, None], out=shifted)
     if not finite:
         z.clamp_min_(torch.finfo(z.dtype).min)
     if not full:
@@ -141,8 +150,8 @@ def _finish(mom: _Moments) -> dict[str, Tensor]:
     }
 
 
-def _jsd_block(p: Tensor, logp: Tensor, q: Tensor, logq: Tensor, mix: Tensor | None = None
-               ) -> Tensor:
+def _jsd_block(p: Tensor, logp: Tensor, q: Tensor, logq: Tensor, mix: Tensor | None = None,
+               half_q: Tensor | None = None) -> Tensor:
     """Σ over the last dimension of ½[p (log p − log m) + q (log q − log m)], m = (p+q)/2, in
     nats: JSD(p ‖ q) of each row of p (..., v) against q, which broadcasts to p (a reference row
     per row, or one row (..., 1, v) for the rows beside it). logp and logq are the logs of p and
@@ -156,10 +165,14 @@ def _jsd_block(p: Tensor, logp: Tensor, q: Tensor, logq: Tensor, mix: Tensor | N
     log m rounds to about eps·(|log p| + |log m|) where the ratio form rounds to about eps, so a
     term p (log p − log m) is off by about eps·p·|log p|, and u by at most eps times the
     entropies, ~eps·(H(p) + H(q)) (1e-6 nats in float32 at H = 4 nats each, below
-    U_FLOOR_ULPS·eps = 7.6e-6; random rounding is far smaller). m is raised to the smallest
-    positive float where p = q = 0, so that log m is finite there.
+    U_FLOOR_ULPS·eps = 7.6e-6; random rounding is far smaller). m is formed as ½q + ½p in one
+    pass, ½q raised to the smallest positive float, so that log m is finite where p = q = 0 (and
+    m the same as max((p + q)/2, that float) but below normal floats); half_q, that ½q, may be
+    given (a reference row's serves all the rows beside it).
     """
-    mix = torch.add(p, q, out=mix).mul_(0.5).clamp_min_(_smallest(p.dtype)).log_()  # log m
+    if half_q is None:
+        half_q = _half(q)
+    mix = torch.add(half_q, p, alpha=0.5, out=mix).log_()  # log m
     kl = logp.sub_(mix).mul_(p).sum(dim=-1)  # (...) KL(p ‖ m)
     gap = torch.sub(logq, mix, out=mix)  # (..., v) log q − log m
     if q.shape[-2] == 1 < p.shape[-2]:  # one reference row for several rows: matrix × vector
@@ -170,6 +183,11 @@ def _jsd_block(p: Tensor, logp: Tensor, q: Tensor, logq: Tensor, mix: Tensor | N
 def _log_probs(x: Tensor, out: Tensor | None = None) -> Tensor:
     """log x of probabilities x, finite: a 0 gets log of the smallest positive float."""
     return torch.clamp_min(x, _smallest(x.dtype), out=out).log_()
+
+
+def _half(q: Tensor, out: Tensor | None = None) -> Tensor:
+    """½q raised to the smallest positive float (_jsd_block's half_q)."""
+    return torch.mul(q, 0.5, out=out).clamp_min_(_smallest(q.dtype))
 
 
 def _smallest(dtype: torch.dtype) -> float:
@@ -256,6 +274,9 @@ class _Source:
         self.cv = min(chunk_vocab, self.vocab)
         self._buf = torch.empty(2 * self.cp * self.cv, dtype=self.dtype, device=self.device)
         self._scratch: dict[str, Tensor] = {}
+        self.chunk_positions = chunk_positions  # as requested: blocks of keys are formed from it
+        self._cache: Tensor | None = None  # fill()'s logits of rows _filled over the vocabulary
+        self._filled: tuple[int, int] | None = None
 
     def piece_rows(self, v: int) -> int:
         """Rows of a block visited at a time by its elementwise passes: on a CPU, a piece of
@@ -294,9 +315,39 @@ class _Source:
             buf = self._scratch[name] = torch.empty(size, dtype=dtype, device=self.device)
         return buf[:size].view(shape)
 
-    def position_chunks(self) -> Iterator[tuple[int, int]]:
-        for a in range(0, self.n, self.cp):
-            yield a, min(a + self.cp, self.n)
+    def position_chunks(self, a: int = 0, b: int | None = None) -> Iterator[tuple[int, int]]:
+        """Consecutive ranges of at most chunk_positions valid rows covering rows a..b."""
+        b = self.n if b is None else b
+        for a1 in range(a, b, self.cp):
+            yield a1, min(a1 + self.cp, b)
+
+    def cache_rows(self) -> int:
+        """The most rows whose logits over the whole vocabulary fill() keeps: CACHE_BLOCKS blocks
+        of the requested chunk_positions × chunk_vocab (the same on every rank)."""
+        return max(1, CACHE_BLOCKS * self.chunk_positions * self.cv // self.vocab)
+
+    def fill(self, a: int, b: int) -> Tensor:
+        """Form the scaled logits of valid rows a..b (at most cache_rows()) over the whole
+        vocabulary once, keep them for block(a, b, ...), and return their logsumexp (b − a,), the
+        same values as _logsumexp's (one pass of _block_moments per chunk, z kept). The kept
+        logits are read once: block() hands them out to be overwritten."""
+        n = b - a
+        if self._cache is None or self._cache.numel() < n * self.vocab:
+            self._cache = None
+            self._cache = torch.empty(n * self.vocab, dtype=self.dtype, device=self.device)
+        self._filled = None
+        mom = None
+        for c0, c1 in self.vocab_chunks():
+            z = self._block_into(a, b, c0, c1, self._cache[n * c0:n * c1].view(n, c1 - c0))
+            _, shifted = self.buffers(n, c1 - c0)
+            mom = _merge(mom, _block_moments(z, finite=self.head is not None, full=False,
+                                             shifted=shifted))
+        self._filled = (a, b)
+        return mom.m + mom.s0.log()
+
+    def release(self) -> None:
+        """Forget fill()'s logits (they have been overwritten)."""
+        self._filled = None
 
     def vocab_chunks(self) -> Iterator[tuple[int, int]]:
         for c in range(0, self.vocab, self.cv):
@@ -324,8 +375,15 @@ class _Source:
         return self._cached_rows
 
     def block(self, a: int, b: int, c0: int, c1: int) -> Tensor:
-        """Scaled logits (b - a, c1 - c0) of valid positions a..b, in a reusable buffer."""
-        out, _ = self.buffers(b - a, c1 - c0)
+        """Scaled logits (b - a, c1 - c0) of valid positions a..b, in a reusable buffer (fill()'s
+        when it holds these rows)."""
+        if self._filled == (a, b):
+            n = b - a
+            return self._cache[n * c0:n * c1].view(n, c1 - c0)
+        return self._block_into(a, b, c0, c1, self.buffers(b - a, c1 - c0)[0])
+
+    def _block_into(self, a: int, b: int, c0: int, c1: int, out: Tensor) -> Tensor:
+        """block()'s logits, formed in out (b - a, c1 - c0)."""
         if self.head is None:
             out.copy_(self.data[self._data_rows[a:b], c0:c1])  # moved and cast by copy_
             if self.inv_t != 1.0:
@@ -374,11 +432,12 @@ def _token_ids_valid(src: _Source, token_ids: Tensor) -> Tensor:
     return ids
 
 
-def _stats(src: _Source, ids: Tensor | None, full: bool = True) -> dict[str, Tensor]:
+def _stats(src: _Source, ids: Tensor | None, full: bool = True, rows: tuple[int, int] = (0, -1)
+           ) -> dict[str, Tensor]:
     """Per valid position (N_valid,): logsumexp, entropy, renyi2, max_prob[, logprob]; only the
-    logsumexp with full=False."""
+    logsumexp with full=False; of valid rows rows[0]..rows[1] only (-1: to the last)."""
     parts: dict[str, list[Tensor]] = {}
-    for a, b in src.position_chunks():
+    for a, b in src.position_chunks(rows[0], src.n if rows[1] < 0 else rows[1]):
         mom = None
         tok = None if ids is None else torch.zeros(b - a, dtype=src.dtype, device=src.device)
         for c0, c1 in src.vocab_chunks():
@@ -402,9 +461,10 @@ def _stats(src: _Source, ids: Tensor | None, full: bool = True) -> dict[str, Ten
     return {k: torch.cat(parts[k]) if k in parts else empty for k in keys}
 
 
-def _logsumexp(src: _Source) -> Tensor:
-    """logsumexp (N_valid,): the same values as _stats's, without its entropy and Rényi passes."""
-    return _stats(src, None, full=False)["logsumexp"]
+def _logsumexp(src: _Source, a: int = 0, b: int = -1) -> Tensor:
+    """logsumexp (N_valid,), or of valid rows a..b: the same values as _stats's, without its
+    entropy and Rényi passes."""
+    return _stats(src, None, full=False, rows=(a, b))["logsumexp"]
 
 
 def _distribution_sum(src: _Source, lse: Tensor) -> Tensor:
@@ -616,9 +676,14 @@ def group_step_jsd(
     formed, one pass over the vocabulary after the logsumexp pass. A key of more rows than
     chunk_positions (a whole response, or a whole group of 8 × 2,048 positions, as one key) is
     visited on its own in sub-blocks of chunk_positions rows, in two passes: its full-vocabulary
-    sum (V,) float64 first, then the JSD terms, each row's p computed twice. Nothing larger than
-    chunk_positions × chunk_vocab (a few buffers of it) or keys × V (for the keys of one block,
-    whose count is bounded by chunk_positions) ever exists.
+    sum (V,) float64 first, then the JSD terms, each row's p computed twice. Without logsumexp
+    and with a head, a block holds at most CACHE_BLOCKS · chunk_positions · chunk_vocab / V rows
+    (441 at the defaults and V = 151,936), whose logits over the whole vocabulary are formed once
+    and kept between the logsumexp and the divergences, so the head's matmul runs once per row
+    (a larger key, and materialised logits, as before). Nothing larger than chunk_positions ×
+    chunk_vocab (a few buffers of it, CACHE_BLOCKS of them for the kept logits, two for a
+    float64 copy of a block's p) or keys × V (for the keys of one block, whose count is bounded
+    by chunk_positions) ever exists.
 
     Ranks: when a key's rows sit on several processes, all_reduce (sums a tensor over the ranks,
     returning the sum) is applied to the per-key counts once, to every block's per-key sums of
@@ -684,7 +749,11 @@ def group_step_reference(
     row_keys, order = torch.sort(keys.reshape(-1).to(src.device)[src.rows].long(), stable=True)
     src.reorder(order)  # the rows of a key are now contiguous
     ids = None if token_ids is None else _token_ids_valid(src, token_ids)  # (N_valid,) sorted rows
-    lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)  # (N_valid,)
+    # without a logsumexp, each block's is formed block by block below: with a head, from
+    # logits kept for the block's second pass (fill), in blocks of at most cache_rows() rows
+    keep = logsumexp is None and src.head is not None
+    lse = (torch.empty(src.n, dtype=src.dtype, device=src.device) if logsumexp is None
+           else _valid_values(src, logsumexp))  # (N_valid,)
     if all_keys is None:
         if all_reduce is not None:
             raise ValueError("all_reduce needs all_keys: the sorted unique keys of every rank")
@@ -711,18 +780,24 @@ def group_step_reference(
     # the reference's divisor: n_k, or n_k − 1 leaving the row out (1 for a lone key: u = 0 below)
     divisor = (counts - 1.0 if leave_out else counts).clamp_min(1.0)  # (K,)
     # blocks from chunk_positions itself, not from this rank's share of rows (src.cp)
-    for k0, k1 in _key_blocks(counts.round().long().tolist(), chunk_positions):
+    limit = min(chunk_positions, src.cache_rows()) if keep else chunk_positions
+    for k0, k1 in _key_blocks(counts.round().long().tolist(), limit):
         a, b = start[k0], start[k1]
         if a == b and all_reduce is None:
             continue  # keys of all_keys that no row here holds, and no rank to answer
+        large = k1 - k0 == 1 and float(counts[k0]) > chunk_positions  # read twice: not kept
+        if logsumexp is None and b > a:
+            lse[a:b] = (src.fill(a, b) if keep and not large and b - a <= src.cache_rows()
+                        else _logsumexp(src, a, b))
         block = None if extras is None else {f: v[a:b] for f, v in extras.items()}  # views
         row_ids = None if ids is None else ids[a:b]
-        if k1 - k0 == 1 and float(counts[k0]) > chunk_positions:
+        if large:
             out[a:b] = _large_key_jsd(src, lse, a, b, float(divisor[k0]), leave_out, all_reduce,
                                       row_ids, block)
         else:
             out[a:b] = _key_block_jsd(src, lse, a, b, key_index[a:b] - k0, divisor[k0:k1],
                                       leave_out, all_reduce, row_ids, block)
+        src.release()
     if leave_out:
         out[counts[key_index] < 2] = 0.0  # a lone row: no other response to compare with
     out.clamp_(0.0, LN2)
@@ -840,10 +915,13 @@ def _probs_and_sums(src: _Source, z: Tensor, lse: Tensor, piece: _Piece, sums: T
     shape = (piece.k1 - piece.k0, piece.rows, p.shape[-1])
     p, logp = p.view(shape), logp.view(shape)
     acc = sums[piece.k0:piece.k1]  # (keys, v)
+    # widened once, then added in float64: adding float32 rows to float64 ones element by
+    # element converts each entry on its own, ~3x slower on a CPU; the same bits (exact casts)
+    wide = src.scratch("wide", shape, torch.float64).copy_(p)
     if piece.first:
-        acc.copy_(p[:, 0])
+        acc.copy_(wide[:, 0])
     for j in range(1 if piece.first else 0, piece.rows):
-        acc.add_(p[:, j])  # float32 p widened as it is added
+        acc.add_(wide[:, j])
     return p, logp
 
 
@@ -874,9 +952,16 @@ def _piece_jsd(src: _Source, p: Tensor, logp: Tensor, piece: _Piece, sums: Tenso
     else:
         shape = (k1 - k0, 1, p.shape[-1])
         ref, log_ref = src.scratch("ref", shape), src.scratch("log_ref", shape)
+        half = src.scratch("half_ref", shape)
         if piece.first:  # exactly p for a lone key
-            torch.div(sums[k0:k1, None], divisor[k0:k1, None, None], out=ref)
+            # divided in float64, then rounded once (a float64 / float64 division written to
+            # float32 converts entry by entry, several times slower)
+            mean = torch.div(sums[k0:k1, None], divisor[k0:k1, None, None],
+                             out=src.scratch("mean", shape, torch.float64))
+            ref.copy_(mean)
             _log_probs(ref, out=log_ref)
+            _half(ref, out=half)
+        return _jsd_block(p, logp, ref, log_ref, src.piece_mix(p.shape), half).reshape(-1)
     return _jsd_block(p, logp, ref, log_ref, src.piece_mix(p.shape)).reshape(-1)
 
 
