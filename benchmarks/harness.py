@@ -82,30 +82,38 @@ def chunked_matmul(hidden: torch.Tensor, weight: torch.Tensor, chunk_positions: 
             torch.matmul(rows, w.T, out=out[:rows.shape[0] * w.shape[0]].view(rows.shape[0], -1))
 
 
-def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Wall-clock seconds of each call in `repeats` rounds, in one process: every round runs
-    each call once, in turn (the order rotating from round to round), so that the machine's other
-    load falls on all of them alike. The caller warms up first."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int
+                ) -> dict[str, dict[str, list[float]]]:
+    """Seconds of each call in `repeats` rounds, in one process: every round runs each call once,
+    in turn (the order rotating from round to round), so that the machine's other load falls on
+    all of them alike. Per call, "wall" (time.perf_counter) and "cpu" (time.process_time: the
+    CPU time of all this process's threads, which a job on the same cores slows less, though it
+    counts threads spinning while they wait for one another). The caller warms up first."""
+    times = {name: {"wall": [], "cpu": []} for name in calls}
     names = list(calls)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             calls[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name]["cpu"].append(time.process_time() - cpu)
+            times[name]["wall"].append(time.perf_counter() - wall)
     return times
 
 
-def limit_rows(times: dict[str, list[float]], limit: str) -> list[dict]:
-    """One row per path of :func:`interleaved`'s times: its fastest and slowest round, and its
-    ratio to the limit path (the fastest of each, and the lowest and highest of each round's
-    path / limit, their spread)."""
+def limit_rows(times: dict[str, dict[str, list[float]]], limit: str) -> list[dict]:
+    """One row per path of :func:`interleaved`'s times: its fastest and slowest round (wall),
+    and its ratio to the limit path: of the fastest of each, and the lowest and highest of each
+    round's path / limit (their spread), in wall time and in CPU time."""
     rows = []
-    for name, seconds in times.items():
-        per_round = [s / m for s, m in zip(seconds, times[limit], strict=True)]
-        rows.append({"path": name, "min_s": min(seconds), "max_s": max(seconds),
-                     "to_limit": min(seconds) / min(times[limit]),
-                     "to_limit_low": min(per_round), "to_limit_high": max(per_round)})
+    for name, clocks in times.items():
+        row = {"path": name, "min_s": min(clocks["wall"]), "max_s": max(clocks["wall"])}
+        for clock, suffix in (("wall", ""), ("cpu", "_cpu")):
+            seconds, base = clocks[clock], times[limit][clock]
+            per_round = [s / m for s, m in zip(seconds, base, strict=True)]
+            row |= {f"to_limit{suffix}": min(seconds) / min(base),
+                    f"to_limit{suffix}_low": min(per_round),
+                    f"to_limit{suffix}_high": max(per_round)}
+        rows.append(row)
     return rows
 
 

@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         group = limit_rows(times, "matmul")
         print(f"\nagainst the chunked matmul alone, in one process, {args.repeats} round(s): one "
               f"group of {g} responses x {t} steps ({g * t:,} positions), keys = the step")
-        report(group, ("path", "min_s", "max_s", "to_limit", "to_limit_low", "to_limit_high"),
+        report(group, ("path", "min_s", "max_s", "to_limit", "to_limit_low", "to_limit_high",
+                       "to_limit_cpu", "to_limit_cpu_low", "to_limit_cpu_high"),
                None, None, 16, lambda h, v: v if h == "path" else f"{v:.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
