@@ -20,10 +20,12 @@ token, max probability, logsumexp) from hidden states (N, 896) and a random LM h
 
 The second table is ICT's uniqueness u (:func:`stages.core.stats.group_step_jsd`, without a
 precomputed logsumexp, so two passes over the vocabulary: the logsumexp, then the per-key sums
-and the divergences) and the token statistics (H, H2, log p: one pass), on one group of
---group-responses responses × --group-steps steps (keys = the step, every response active at
-every step), against the chunked matmul alone, all three in one fresh process and in turn,
---repeats rounds. Two passes bound u's ratio near 2, one pass the statistics' near 1.
+and the divergences, over logits formed once and kept between them, stats.CACHE_BLOCKS) and the
+token statistics (H, H2, log p: one pass), on one group of --group-responses responses ×
+--group-steps steps (keys = the step, every response active at every step), against the chunked
+matmul alone, all three in one fresh process and in turn, --repeats rounds. Both run the matmul
+once per row; what lies above 1 is their elementwise work (u's: two exps, a log and float64 key
+sums per entry).
 
 How memory is measured. Each measurement runs in a fresh subprocess (the parent only
 orchestrates), so allocator caches and earlier peaks cannot leak between measurements. The
@@ -40,7 +42,8 @@ Time is wall-clock of one call (time.perf_counter), in the same worker, after th
 Ratios are chunked / naive; below 1 means the chunked path is smaller or faster; *_to_matmul
 are each path's time over the matmul's. The machine's other load adds noise to every one; run
 --repeats > 1 to take the per-path minimum (the second table also prints the lowest and highest
-ratio of a round, its spread).
+ratio of a round, its spread, and the same ratios in process CPU time, which other jobs on the
+same cores move less).
 """
 
 from __future__ import annotations
