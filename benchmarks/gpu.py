@@ -17,6 +17,9 @@ Rows, per model, each a ratio candidate / baseline measured in this process (bel
 - token_statistics: stats.chunked_token_statistics from the trunk's hidden states vs the naive
   computation (benchmarks/token_stats.py's naive_statistics: all logits materialised in float32,
   softmax, reductions);
+- token_statistics_to_matmul: the same chunked statistics (the same measurement) against the
+  chunked logits matmul alone at the same chunk sizes (harness.chunked_matmul), their limit: a
+  ratio that does not move with the naive path's memory traffic;
 - selective_rho_0.1 / chunked_rho_1: one step, forward and backward of trunk and head, of the
   trainer's path (chunked statistics without gradient, top-ρ entropy selection, then
   scorer.head_logprob at the selected rows; ρ = 1: every row, the chunked head) against the full
@@ -65,7 +68,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
-from harness import ROOT, measured  # benchmarks/harness.py, beside this script
+from harness import ROOT, chunked_matmul, measured  # benchmarks/harness.py, beside this script
 from token_stats import naive_statistics  # the naive baseline, one implementation
 
 sys.path.insert(0, str(ROOT))
@@ -103,7 +106,8 @@ class Dims:
 
 QWEN = [Dims("Qwen2.5-0.5B", 896, 24, 14, 2, 4864), Dims("Qwen2.5-1.5B", 1536, 28, 12, 2, 8960)]
 TINY = [Dims("tiny-a", 64, 2, 4, 2, 128, vocab=1024), Dims("tiny-b", 96, 3, 6, 2, 192, vocab=1536)]
-ROWS = ("token_statistics", "selective_rho_0.1", "chunked_rho_1", "gradient_checkpointing")
+ROWS = ("token_statistics", "token_statistics_to_matmul", "selective_rho_0.1", "chunked_rho_1",
+        "gradient_checkpointing")
 
 
 def is_oom(error: BaseException) -> bool:
@@ -173,10 +177,11 @@ def ratio_row(model: str, row: str, names: tuple[str, str], base, cand) -> dict:
         out[f"{side}_s"] = m["seconds"] if ok else None
         out[f"{side}_status"] = "ok" if ok else m
     both = isinstance(base, dict) and isinstance(cand, dict)
-    if both and not (base["peak_mb"] > 0 and base["seconds"] > 0):
-        both = False  # nothing measurable (tiny CPU cells): no ratio rather than a division by 0
-    out["peak_mem_ratio"] = out["candidate_peak_mb"] / out["baseline_peak_mb"] if both else None
-    out["time_ratio"] = out["candidate_s"] / out["baseline_s"] if both else None
+    # nothing measurable (tiny CPU cells; the matmul alone allocates one block, which can read as
+    # 0 MB): no ratio rather than a division by 0
+    out["peak_mem_ratio"] = (out["candidate_peak_mb"] / out["baseline_peak_mb"]
+                             if both and base["peak_mb"] > 0 else None)
+    out["time_ratio"] = out["candidate_s"] / out["baseline_s"] if both and base["seconds"] > 0 else None
     return out
 
 
@@ -347,9 +352,13 @@ def run_model(dims: Dims, args, device: torch.device, dtype: torch.dtype, chunks
     log.info("%s: token statistics", name)
     with torch.no_grad():
         hidden = rows_of(model, batch, device)  # (N, D)
+    chunked = cell(lambda: chunked_stats(model, hidden, batch, chunks))
     rows.append(ratio_row(name, "token_statistics", ("naive", "chunked"),
-                          cell(lambda: naive_stats(model, hidden, batch)),
-                          cell(lambda: chunked_stats(model, hidden, batch, chunks))))
+                          cell(lambda: naive_stats(model, hidden, batch)), chunked))
+    weight = model.get_output_embeddings().weight
+    rows.append(ratio_row(name, "token_statistics_to_matmul", ("matmul", "chunked"),
+                          cell(lambda: chunked_matmul(hidden, weight, chunks.positions,
+                                                      chunks.vocab, TEMPERATURE)), chunked))
     numerics = {"model": name}
     head = model.get_output_embeddings()
     try:

@@ -1,7 +1,8 @@
-"""Chunked exact token statistics vs the naive full-logits computation (METHODS §2).
+"""Chunked exact token statistics vs the naive full-logits computation, and each against the
+chunked logits matmul alone, their limit (METHODS §2–§3).
 
-    python benchmarks/token_stats.py                       # 2,048 and 8,192 positions
-    python benchmarks/token_stats.py --positions 512       # a quick run
+    python benchmarks/token_stats.py                       # 2,048 and 8,192 positions; 8 x 512
+    python benchmarks/token_stats.py --positions 512 --group-steps 64 --repeats 2   # quick
     python benchmarks/token_stats.py --json results/bench/token_stats.json
 
 Both paths compute the same per-position statistics (entropy, Rényi-2, log-prob of the sampled
@@ -11,7 +12,20 @@ token, max probability, logsumexp) from hidden states (N, 896) and a random LM h
 - naive: logits = h · W^T for all positions (N × V float32), p = softmax(logits), then
   reductions; einsum keeps the reductions from allocating a third N × V tensor, so the naive
   peak is about two N × V float32 tensors — a strong baseline, not a strawman.
-- chunked: :func:`stages.core.stats.chunked_token_statistics` (jsd=False, the same quantities).
+- chunked: :func:`stages.core.stats.chunked_token_statistics` (jsd=False, the same quantities);
+- matmul: the chunked logits matmul alone (harness.chunked_matmul: the blocks of h · W^T at the
+  same chunk sizes and nothing else), the limit of every chunked kernel on a CPU. Naive baselines
+  move between machines (the naive path ran twice as fast on one 2-core machine as on another);
+  a ratio to this one moves only with what the kernel does beyond its matmuls.
+
+The second table is ICT's uniqueness u (:func:`stages.core.stats.group_step_jsd`, without a
+precomputed logsumexp, so two passes over the vocabulary: the logsumexp, then the per-key sums
+and the divergences, over logits formed once and kept between them, stats.CACHE_BLOCKS) and the
+token statistics (H, H2, log p: one pass), on one group of --group-responses responses ×
+--group-steps steps (keys = the step, every response active at every step), against the chunked
+matmul alone, all three in one fresh process and in turn, --repeats rounds. Both run the matmul
+once per row; what lies above 1 is their elementwise work (u's: two exps, a log and float64 key
+sums per entry).
 
 How memory is measured. Each measurement runs in a fresh subprocess (the parent only
 orchestrates), so allocator caches and earlier peaks cannot leak between measurements. The
@@ -25,8 +39,11 @@ allocator keeps no peak statistics. Linux only; elsewhere the worker falls back 
 getrusage's ru_maxrss, which includes the inputs and is labelled as such.
 
 Time is wall-clock of one call (time.perf_counter), in the same worker, after the warm-up.
-Ratios are chunked / naive; below 1 means the chunked path is smaller or faster. The machine's
-other load adds noise to both; run --repeats > 1 to take the per-path minimum.
+Ratios are chunked / naive; below 1 means the chunked path is smaller or faster; *_to_matmul
+are each path's time over the matmul's. The machine's other load adds noise to every one; run
+--repeats > 1 to take the per-path minimum (the second table also prints the lowest and highest
+ratio of a round, its spread, and the same ratios in process CPU time, which other jobs on the
+same cores move less).
 """
 
 from __future__ import annotations
@@ -38,6 +55,9 @@ from pathlib import Path
 
 import torch
 from harness import (  # benchmarks/harness.py, beside this script
+    chunked_matmul,
+    interleaved,
+    limit_rows,
     measured,
     ratio_row,
     report,
@@ -86,13 +106,40 @@ def worker(path: str, positions: int, chunk_positions: int, chunk_vocab: int) ->
     def run(h, ids):
         if path == "naive":
             return naive_statistics(h, weight, ids, TEMPERATURE)
+        if path == "matmul":
+            return chunked_matmul(h, weight, chunk_positions, chunk_vocab, TEMPERATURE)
         return _chunked(h, weight, ids, chunk_positions, chunk_vocab)
 
     with torch.no_grad():
         run(hidden[:16], token_ids[:16])  # library initialisation, thread pools
         out, result = measured(lambda: run(hidden, token_ids))
-    assert torch.isfinite(out["entropy"]).all()
+    assert path == "matmul" or torch.isfinite(out["entropy"]).all()
     return result
+
+
+def group_worker(responses: int, steps: int, chunk_positions: int, chunk_vocab: int,
+                 repeats: int) -> dict[str, list[float]]:
+    """Seconds of the chunked matmul alone, the token statistics and group_step_jsd on one group,
+    in this (fresh) process, in turn for `repeats` rounds (harness.interleaved)."""
+    from stages.core.stats import group_step_jsd
+
+    torch.manual_seed(0)
+    weight = torch.randn(VOCAB, HIDDEN) / math.sqrt(HIDDEN)  # (V, D)
+    hidden = torch.randn(responses * steps, HIDDEN) * 3.0  # (N, D) response-major
+    token_ids = torch.randint(0, VOCAB, (responses * steps,))
+    keys = torch.arange(steps).repeat(responses)  # (N,) the step: one group, all active
+    paths = {  # each (h, ids, keys) -> None
+        "matmul": lambda h, ids, k: chunked_matmul(h, weight, chunk_positions, chunk_vocab),
+        "token_statistics": lambda h, ids, k: _chunked(h, weight, ids, chunk_positions,
+                                                       chunk_vocab),
+        "group_step_jsd": lambda h, ids, k: group_step_jsd(
+            h, weight, k, TEMPERATURE, chunk_positions=chunk_positions, chunk_vocab=chunk_vocab),
+    }
+    with torch.no_grad():
+        for path in paths.values():  # library initialisation, thread pools
+            path(hidden[:16], token_ids[:16], keys[:16])
+        return interleaved({name: lambda p=path: p(hidden, token_ids, keys)
+                            for name, path in paths.items()}, repeats)
 
 
 def measure(path: str, positions: int, chunk_positions: int, chunk_vocab: int) -> dict:
@@ -121,18 +168,28 @@ def check_accuracy(positions: int, chunk_positions: int, chunk_vocab: int) -> di
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--positions", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--positions", type=int, nargs="*", default=[2048, 8192],
+                        help="positions of the first table's rows (none: no first table)")
     parser.add_argument("--chunk-positions", type=int, default=None, help="default: the library's")
     parser.add_argument("--chunk-vocab", type=int, default=None, help="default: the library's")
     parser.add_argument("--repeats", type=int, default=1, help="measurements per path; min kept")
+    parser.add_argument("--group-responses", type=int, default=8,
+                        help="responses of the group of the second table")
+    parser.add_argument("--group-steps", type=int, default=512,
+                        help="steps of each response of the second table (0: no second table)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
-    parser.add_argument("--_worker", choices=["naive", "chunked"], help=argparse.SUPPRESS)
+    parser.add_argument("--_worker", choices=["naive", "chunked", "matmul", "group"],
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     from stages.core import stats
 
     cp = args.chunk_positions or stats.CHUNK_POSITIONS
     cv = args.chunk_vocab or stats.CHUNK_VOCAB
+    if args._worker == "group":
+        print(json.dumps(group_worker(args.group_responses, args.group_steps, cp, cv,
+                                      args.repeats)))
+        return
     if args._worker:
         print(json.dumps(worker(args._worker, args.positions[0], cp, cv)))
         return
@@ -146,11 +203,34 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.positions:
         naive = [measure("naive", n, cp, cv) for _ in range(args.repeats)]
         chunked = [measure("chunked", n, cp, cv) for _ in range(args.repeats)]
-        rows.append(ratio_row("positions", n, naive, chunked, ("naive", "chunked")))
+        matmul = [measure("matmul", n, cp, cv) for _ in range(args.repeats)]
+        row = ratio_row("positions", n, naive, chunked, ("naive", "chunked"))
+        row["matmul_s"] = min(m["seconds"] for m in matmul)
+        row["naive_to_matmul"] = row["naive_s"] / row["matmul_s"]
+        row["chunked_to_matmul"] = row["chunked_s"] / row["matmul_s"]
+        rows.append(row)
     header = ("positions", "naive_peak_mb", "chunked_peak_mb", "peak_mem_ratio",
-              "naive_s", "chunked_s", "time_ratio")
-    report(rows, header, naive[0]["method"], args.json, 15,
-           lambda h, v: f"{v:,}" if h == "positions" else f"{v:.3f}")
+              "naive_s", "chunked_s", "time_ratio", "matmul_s", "naive_to_matmul",
+              "chunked_to_matmul")
+    if rows:
+        report(rows, header, naive[0]["method"], None, 15,
+               lambda h, v: f"{v:,}" if h == "positions" else f"{v:.3f}")
+    group = []
+    if args.group_steps > 0:
+        g, t = args.group_responses, args.group_steps
+        times = run_worker(__file__, ["--_worker", "group", "--group-responses", str(g),
+                                      "--group-steps", str(t), "--repeats", str(args.repeats),
+                                      "--chunk-positions", str(cp), "--chunk-vocab", str(cv)],
+                           "the group's measurement")
+        group = limit_rows(times, "matmul")
+        print(f"\nagainst the chunked matmul alone, in one process, {args.repeats} round(s): one "
+              f"group of {g} responses x {t} steps ({g * t:,} positions), keys = the step")
+        report(group, ("path", "min_s", "max_s", "to_limit", "to_limit_low", "to_limit_high",
+                       "to_limit_cpu", "to_limit_cpu_low", "to_limit_cpu_high"),
+               None, None, 16, lambda h, v: v if h == "path" else f"{v:.3f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"positions": rows, "group": group}, indent=2))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ fresh subprocess; after a warm-up step on a few tokens the kernel's resident-set
 is reset (/proc/self/clear_refs) and the current RSS taken as baseline; peak = VmHWM - baseline
 after one timed step (the memory the step needed above the model, optimizer state and inputs).
 Time is the wall-clock of that one step. Ratios are selective / full: below 1 is better.
+*_to_matmul are each path's time over the chunked logits matmul alone at every response
+position (harness.chunked_matmul, the head's blocks at the library's chunk sizes, in a fresh
+process too): how many head passes a step costs, a ratio that moves with the machine's matmul
+speed only, where the full path's time moves with its memory as well.
 --vocab, --hidden and --layers shrink the model (the tests run it in seconds).
 """
 
@@ -44,6 +48,7 @@ from pathlib import Path
 import torch
 from harness import (  # benchmarks/harness.py, beside this script
     ROOT,
+    chunked_matmul,
     measured,
     ratio_row,
     report,
@@ -180,8 +185,23 @@ def check_agreement(dims: Dims, responses: int, response_tokens: int, rho: float
     return {"loss_rel_err": loss_err, "grad_rel_err": grad_err, "mask_jaccard": overlap}
 
 
+def matmul_worker(dims: Dims, responses: int, response_tokens: int) -> dict:
+    """The chunked logits matmul alone at every response position, in this (fresh) process."""
+    from stages.core.stats import CHUNK_POSITIONS, CHUNK_VOCAB
+
+    torch.manual_seed(0)
+    weight = torch.randn(dims.vocab, dims.hidden)  # (V, D) as the tied embeddings
+    hidden = torch.randn(responses * response_tokens, dims.hidden)  # (N, D)
+    with torch.no_grad():
+        chunked_matmul(hidden[:8], weight, CHUNK_POSITIONS, CHUNK_VOCAB)  # initialisation
+        _, result = measured(lambda: chunked_matmul(hidden, weight, CHUNK_POSITIONS, CHUNK_VOCAB))
+    return result
+
+
 def worker(path: str, dims: Dims, rho: float, responses: int, response_tokens: int) -> dict:
     """One measurement in this (fresh) process: {'peak_mb', 'seconds', 'method'}."""
+    if path == "matmul":
+        return matmul_worker(dims, responses, response_tokens)
     model, optimizer, (prompts, resp, targets, adv) = build(dims, responses, response_tokens)
     # warm-up: library initialisation and AdamW state, on a few tokens
     one_step(path, model, optimizer, (prompts[:1], [resp[0][:8]], targets[:1, :8], adv[:1]), rho)
@@ -213,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=Dims.layers)
     parser.add_argument("--repeats", type=int, default=1, help="measurements per path; min kept")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
-    parser.add_argument("--_worker", choices=list(STEPS), help=argparse.SUPPRESS)
+    parser.add_argument("--_worker", choices=[*STEPS, "matmul"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     dims = Dims(args.vocab, args.hidden, args.layers)
     if args._worker:
@@ -225,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.response_tokens} response tokens, float32, torch threads = "
           f"{torch.get_num_threads()}")
     rows = []
+    matmul = min(measure("matmul", dims, 1.0, args.responses, args.response_tokens)["seconds"]
+                 for _ in range(args.repeats))
     for rho in args.rho:
         err = check_agreement(dims, 2, args.check_tokens, rho)
         print(f"rho {rho}: selective vs full on 2 x {args.check_tokens} tokens: loss rel. error "
@@ -234,9 +256,12 @@ def main(argv: list[str] | None = None) -> None:
                 for _ in range(args.repeats)]
         sel = [measure("selective", dims, rho, args.responses, args.response_tokens)
                for _ in range(args.repeats)]
-        rows.append(ratio_row("rho", rho, full, sel, ("full", "selective")) | err)
+        row = ratio_row("rho", rho, full, sel, ("full", "selective")) | err
+        row |= {"matmul_s": matmul, "full_to_matmul": row["full_s"] / matmul,
+                "selective_to_matmul": row["selective_s"] / matmul}
+        rows.append(row)
     header = ("rho", "full_peak_mb", "selective_peak_mb", "peak_mem_ratio", "full_s",
-              "selective_s", "time_ratio")
+              "selective_s", "time_ratio", "matmul_s", "full_to_matmul", "selective_to_matmul")
     report(rows, header, full[0]["method"], args.json, 17, lambda h, v: f"{v:.3f}")
 
 

@@ -43,12 +43,17 @@ def test_gpu_benchmark_tiny_runs_without_the_workflow_packages(tmp_path):
     models = [m["name"] for m in result["meta"]["models"]]
     assert models == ["tiny-a", "tiny-b"]
     rows = {(r["model"], r["row"]): r for r in result["rows"]}
-    expected = {(m, row) for m in models for row in ("token_statistics", "selective_rho_0.1",
-                                                    "chunked_rho_1", "gradient_checkpointing")}
+    expected = {(m, row) for m in models for row in ("token_statistics",
+                                                    "token_statistics_to_matmul",
+                                                    "selective_rho_0.1", "chunked_rho_1",
+                                                    "gradient_checkpointing")}
     assert set(rows) == expected
     for key, row in rows.items():
         assert row["baseline_status"] == row["candidate_status"] == "ok", key
-        for field in ("peak_mem_ratio", "time_ratio"):
+        # the matmul alone may allocate too little to measure on a tiny CPU model
+        fields = ("time_ratio",) if key[1].endswith("_to_matmul") else ("peak_mem_ratio",
+                                                                         "time_ratio")
+        for field in fields:
             assert row[field] is not None and math.isfinite(row[field]), (key, field)
             assert row[field] >= 0, (key, field)
 

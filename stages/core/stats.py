@@ -54,6 +54,18 @@ CEILING_RTOL = 1e-3
 """at_ceiling: u within this relative distance of its ceiling c(w) counts as at the ceiling (ours)."""
 CHUNK_POSITIONS = 1024
 CHUNK_VOCAB = 32768
+CACHE_BLOCKS = 2
+"""group_step_jsd without a precomputed logsumexp keeps a block of keys' logits over the whole
+vocabulary (at most this many chunk_positions × chunk_vocab blocks, so blocks of fewer keys)
+between its two passes, so that the head's matmul runs once per row, not twice (ours;
+benchmarks/token_stats.py measures it)."""
+PIECE_BYTES = 1 << 30
+"""On a CPU, the elementwise passes over a block visit its rows in pieces of about this many
+bytes per tensor; the values are the same, every pass being per row. 1 GiB: the whole block at
+the default chunks. Pieces of 2 MiB (16 rows, to stay in the cache) ran 1.5-2x slower on the
+shared 2-core machine of docs/performance.md: each torch op over a small piece is a parallel
+region whose threads wait for one another, and there another job often holds one of the cores
+(ours; measured with benchmarks/token_stats.py and by hand, 2026-12-02)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,32 +76,50 @@ class _Moments:
     """Online-logsumexp state of a set of rows over part of the vocabulary (all (n,) tensors).
 
     With m the running max of the scaled logits over the part seen so far:
-    s0 = Σ e^{z-m}, s1 = Σ e^{z-m} (z-m) ≤ 0, s2 = Σ e^{2(z-m)}.
+    s0 = Σ e^{z-m}, s1 = Σ e^{z-m} (z-m) ≤ 0, s2 = Σ e^{2(z-m)}; s1 and s2 are None when only the
+    logsumexp is asked for.
     """
 
     m: Tensor
     s0: Tensor
-    s1: Tensor
-    s2: Tensor
+    s1: Tensor | None
+    s2: Tensor | None
 
 
-def _block_moments(z: Tensor, scratch: Tensor | None = None, finite: bool = False) -> _Moments:
-    """Moments of one block of scaled logits z (n, v). Overwrites z (it is a scratch buffer).
+def _block_moments(z: Tensor, scratch: Tensor | None = None, finite: bool = False,
+                   full: bool = True, shifted: Tensor | None = None) -> _Moments:
+    """Moments of one block of scaled logits z (n, v). Overwrites z (it is a scratch buffer),
+    unless shifted (n, v) is given: z − max is formed there instead, z kept.
 
     finite=False allows -inf logits (masked vocabulary entries): they contribute e = 0 and
     e·(z-m) = 0 instead of 0·inf = nan. A head's logits are finite, which saves that pass.
+    full=False: m and s0 only (the logsumexp), the same values, three passes fewer.
     """
     # a block whose row is all -inf gets the finite max finfo.min, so that row's moments are 0
     # and merging them stays 0 · (finite) instead of 0 · inf
     m = z.amax(dim=1).clamp_min_(torch.finfo(z.dtype).min)  # (n,)
-    z.sub_(m[:, None])
+    z = z.sub_(m[:, None]) if shifted is None else torch.sub(z, m[:, None], out=shifted)
     if not finite:
         z.clamp_min_(torch.finfo(z.dtype).min)
+    if not full:
+        return _Moments(m, z.exp_().sum(dim=1), None, None)
     e = torch.exp(z, out=scratch) if scratch is not None else torch.exp(z)  # (n, v)
     s0 = e.sum(dim=1)
     s1 = z.mul_(e).sum(dim=1)
     s2 = e.square_().sum(dim=1)
     return _Moments(m, s0, s1, s2)
+
+
+def _piece_moments(z: Tensor, scratch: Tensor, finite: bool, full: bool, rows: int) -> _Moments:
+    """_block_moments of z (n, v) computed `rows` rows at a time (each row's values are the same:
+    every pass is per row), so that a piece's passes run from the cache, not from memory."""
+    parts = [_block_moments(z[r0:r1], scratch[r0:r1], finite, full)
+             for r0, r1 in _row_pieces(z.shape[0], rows)]
+    if len(parts) == 1:
+        return parts[0]
+    return _Moments(*(None if getattr(parts[0], f) is None
+                      else torch.cat([getattr(part, f) for part in parts])
+                      for f in ("m", "s0", "s1", "s2")))
 
 
 def _merge(a: _Moments | None, b: _Moments) -> _Moments:
@@ -99,6 +129,8 @@ def _merge(a: _Moments | None, b: _Moments) -> _Moments:
     m = torch.maximum(a.m, b.m)
     da, db = a.m - m, b.m - m  # ≤ 0, finite
     ca, cb = da.exp(), db.exp()
+    if a.s1 is None:
+        return _Moments(m=m, s0=ca * a.s0 + cb * b.s0, s1=None, s2=None)
     return _Moments(
         m=m,
         s0=ca * a.s0 + cb * b.s0,
@@ -118,18 +150,49 @@ def _finish(mom: _Moments) -> dict[str, Tensor]:
     }
 
 
-def _jsd_block(p: Tensor, q: Tensor) -> Tensor:
-    """Σ_j over a block of ½[p log(2p/(p+q)) + q log(2q/(p+q))] in nats; p (n, v), q (n|1, v).
+def _jsd_block(p: Tensor, logp: Tensor, q: Tensor, logq: Tensor, mix: Tensor | None = None,
+               half_q: Tensor | None = None) -> Tensor:
+    """Σ over the last dimension of ½[p (log p − log m) + q (log q − log m)], m = (p+q)/2, in
+    nats: JSD(p ‖ q) of each row of p (..., v) against q, which broadcasts to p (a reference row
+    per row, or one row (..., 1, v) for the rows beside it). logp and logq are the logs of p and
+    q, finite (any finite value where the probability is 0, so that 0 · (log − log m) = 0);
+    logp is overwritten, mix is scratch like p.
 
-    Each summand is ≥ 0 (log-sum inequality), and x log(...) = 0 at x = 0 (xlogy), also where
-    p = q = 0.
+    One log per entry, of m: log p is known without one (the scaled logit minus its logsumexp,
+    of which p is the exp), and a reference row's log q serves all the rows beside it; the ratio
+    form p·log(2p/(p+q)) needs two, the costliest passes here. Numerics: each of the two sums is
+    a KL divergence to m, ≥ 0, so they do not cancel against each other; within a sum, log p −
+    log m rounds to about eps·(|log p| + |log m|) where the ratio form rounds to about eps, so a
+    term p (log p − log m) is off by about eps·p·|log p|, and u by at most eps times the
+    entropies, ~eps·(H(p) + H(q)) (1e-6 nats in float32 at H = 4 nats each, below
+    U_FLOOR_ULPS·eps = 7.6e-6; random rounding is far smaller). m is formed as ½q + ½p in one
+    pass, ½q raised to the smallest positive float, so that log m is finite where p = q = 0 (and
+    m the same as max((p + q)/2, that float) but below normal floats); half_q, that ½q, may be
+    given (a reference row's serves all the rows beside it).
     """
-    total = torch.add(p, q).clamp_min_(torch.finfo(p.dtype).tiny)  # (n, v)
-    ratio = torch.div(p, total).mul_(2.0)  # (n, v) 2p/(p+q)
-    terms = torch.xlogy(p, ratio)
-    # 2q/(p+q) divided out, not 2 - 2p/(p+q): that cancels to 0 when q << p
-    terms += torch.xlogy(q, torch.div(q, total, out=ratio).mul_(2.0))
-    return 0.5 * terms.sum(dim=-1)  # (n,)
+    if half_q is None:
+        half_q = _half(q)
+    mix = torch.add(half_q, p, alpha=0.5, out=mix).log_()  # log m
+    kl = logp.sub_(mix).mul_(p).sum(dim=-1)  # (...) KL(p ‖ m)
+    gap = torch.sub(logq, mix, out=mix)  # (..., v) log q − log m
+    if q.shape[-2] == 1 < p.shape[-2]:  # one reference row for several rows: matrix × vector
+        return kl.add_(torch.matmul(gap, q.transpose(-1, -2)).squeeze(-1)).mul_(0.5)
+    return kl.add_(gap.mul_(q).sum(dim=-1)).mul_(0.5)
+
+
+def _log_probs(x: Tensor, out: Tensor | None = None) -> Tensor:
+    """log x of probabilities x, finite: a 0 gets log of the smallest positive float."""
+    return torch.clamp_min(x, _smallest(x.dtype), out=out).log_()
+
+
+def _half(q: Tensor, out: Tensor | None = None) -> Tensor:
+    """½q raised to the smallest positive float (_jsd_block's half_q)."""
+    return torch.mul(q, 0.5, out=out).clamp_min_(_smallest(q.dtype))
+
+
+def _smallest(dtype: torch.dtype) -> float:
+    """The smallest positive (subnormal) number of a floating dtype."""
+    return float(torch.finfo(dtype).smallest_normal) * float(torch.finfo(dtype).eps)
 
 
 def jensen_shannon(p: Tensor, q: Tensor) -> Tensor:
@@ -140,7 +203,7 @@ def jensen_shannon(p: Tensor, q: Tensor) -> Tensor:
     p, q = torch.broadcast_tensors(p, q)
     shape = p.shape[:-1]
     p, q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
-    return _jsd_block(p, q).clamp(0.0, LN2).reshape(shape)
+    return _jsd_block(p, _log_probs(p), q, _log_probs(q)).clamp(0.0, LN2).reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,10 +273,81 @@ class _Source:
         self.cp = min(chunk_positions, max(self.n, 1))
         self.cv = min(chunk_vocab, self.vocab)
         self._buf = torch.empty(2 * self.cp * self.cv, dtype=self.dtype, device=self.device)
+        self._scratch: dict[str, Tensor] = {}
+        self.chunk_positions = chunk_positions  # as requested: blocks of keys are formed from it
+        self._cache: Tensor | None = None  # fill()'s logits of rows _filled over the vocabulary
+        self._filled: tuple[int, int] | None = None
 
-    def position_chunks(self) -> Iterator[tuple[int, int]]:
-        for a in range(0, self.n, self.cp):
-            yield a, min(a + self.cp, self.n)
+    def piece_rows(self, v: int) -> int:
+        """Rows of a block visited at a time by its elementwise passes: on a CPU, a piece of
+        about PIECE_BYTES per (rows, v) tensor, so that the passes over it run from the cache
+        rather than memory; elsewhere the whole block (a GPU wants few large kernels)."""
+        if self.device.type != "cpu":
+            return self.cp
+        return max(1, PIECE_BYTES // (v * torch.finfo(self.dtype).bits // 8))
+
+    def piece_probs(self, z: Tensor, lse: Tensor, r0: int, r1: int, keep: bool = False
+                    ) -> tuple[Tensor, Tensor]:
+        """(p, log p), each (r1 − r0, v), of rows r0..r1 of a block z (n, v) from block(), lse (n,)
+        of its rows: p = exp(z − lse) in z's place, as probs() forms it, and log p = z − lse in
+        a scratch piece (keep=False: the next piece reuses it) or in the second buffer of
+        buffers() at the same rows (keep=True: kept for the whole block). A -inf logit's log p
+        is raised to the finite finfo.min (p = 0 all the same), so that 0 · log p = 0."""
+        rows = z[r0:r1]
+        out = (self.buffers(z.shape[0], z.shape[1])[1][r0:r1] if keep
+               else self.scratch("logp", rows.shape))
+        logp = torch.sub(rows, lse[r0:r1, None], out=out)
+        if self.head is None:  # a head's logits are finite
+            logp.clamp_min_(torch.finfo(logp.dtype).min)
+        return torch.exp(logp, out=rows), logp
+
+    def piece_mix(self, shape: tuple[int, ...]) -> Tensor:
+        """The scratch tensor of _jsd_block for a piece of rows."""
+        return self.scratch("mix", shape)
+
+    def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None
+                ) -> Tensor:
+        """A reusable scratch tensor by name (grown when a larger one is asked)."""
+        dtype = self.dtype if dtype is None else dtype
+        size = math.prod(shape)
+        buf = self._scratch.get(name)
+        if buf is None or buf.numel() < size or buf.dtype != dtype:
+            buf = self._scratch[name] = torch.empty(size, dtype=dtype, device=self.device)
+        return buf[:size].view(shape)
+
+    def position_chunks(self, a: int = 0, b: int | None = None) -> Iterator[tuple[int, int]]:
+        """Consecutive ranges of at most chunk_positions valid rows covering rows a..b."""
+        b = self.n if b is None else b
+        for a1 in range(a, b, self.cp):
+            yield a1, min(a1 + self.cp, b)
+
+    def cache_rows(self) -> int:
+        """The most rows whose logits over the whole vocabulary fill() keeps: CACHE_BLOCKS blocks
+        of the requested chunk_positions × chunk_vocab (the same on every rank)."""
+        return max(1, CACHE_BLOCKS * self.chunk_positions * self.cv // self.vocab)
+
+    def fill(self, a: int, b: int) -> Tensor:
+        """Form the scaled logits of valid rows a..b (at most cache_rows()) over the whole
+        vocabulary once, keep them for block(a, b, ...), and return their logsumexp (b − a,), the
+        same values as _logsumexp's (one pass of _block_moments per chunk, z kept). The kept
+        logits are read once: block() hands them out to be overwritten."""
+        n = b - a
+        if self._cache is None or self._cache.numel() < n * self.vocab:
+            self._cache = None
+            self._cache = torch.empty(n * self.vocab, dtype=self.dtype, device=self.device)
+        self._filled = None
+        mom = None
+        for c0, c1 in self.vocab_chunks():
+            z = self._block_into(a, b, c0, c1, self._cache[n * c0:n * c1].view(n, c1 - c0))
+            _, shifted = self.buffers(n, c1 - c0)
+            mom = _merge(mom, _block_moments(z, finite=self.head is not None, full=False,
+                                             shifted=shifted))
+        self._filled = (a, b)
+        return mom.m + mom.s0.log()
+
+    def release(self) -> None:
+        """Forget fill()'s logits (they have been overwritten)."""
+        self._filled = None
 
     def vocab_chunks(self) -> Iterator[tuple[int, int]]:
         for c in range(0, self.vocab, self.cv):
@@ -241,8 +375,15 @@ class _Source:
         return self._cached_rows
 
     def block(self, a: int, b: int, c0: int, c1: int) -> Tensor:
-        """Scaled logits (b - a, c1 - c0) of valid positions a..b, in a reusable buffer."""
-        out, _ = self.buffers(b - a, c1 - c0)
+        """Scaled logits (b - a, c1 - c0) of valid positions a..b, in a reusable buffer (fill()'s
+        when it holds these rows)."""
+        if self._filled == (a, b):
+            n = b - a
+            return self._cache[n * c0:n * c1].view(n, c1 - c0)
+        return self._block_into(a, b, c0, c1, self.buffers(b - a, c1 - c0)[0])
+
+    def _block_into(self, a: int, b: int, c0: int, c1: int, out: Tensor) -> Tensor:
+        """block()'s logits, formed in out (b - a, c1 - c0)."""
         if self.head is None:
             out.copy_(self.data[self._data_rows[a:b], c0:c1])  # moved and cast by copy_
             if self.inv_t != 1.0:
@@ -271,6 +412,17 @@ class _Source:
         return out.reshape(self.shape)
 
 
+def _row_pieces(n: int, rows: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges [r0, r1) of `rows` rows covering range(n), the last one shorter,
+    but never a single row when n > 1 (it joins the range before it): torch sums the rows of a
+    tensor of several rows one row per thread, but a single row in two halves, another
+    rounding, and a row's statistics must not depend on the pieces."""
+    starts = list(range(0, n, max(rows, 2)))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return [(r0, starts[i + 1] if i + 1 < len(starts) else n) for i, r0 in enumerate(starts)]
+
+
 def _token_ids_valid(src: _Source, token_ids: Tensor) -> Tensor:
     if token_ids.shape != src.shape:
         raise ValueError(f"token_ids shape {tuple(token_ids.shape)} != positions {tuple(src.shape)}")
@@ -280,10 +432,12 @@ def _token_ids_valid(src: _Source, token_ids: Tensor) -> Tensor:
     return ids
 
 
-def _stats(src: _Source, ids: Tensor | None) -> dict[str, Tensor]:
-    """Per valid position (N_valid,): logsumexp, entropy, renyi2, max_prob[, logprob]."""
+def _stats(src: _Source, ids: Tensor | None, full: bool = True, rows: tuple[int, int] = (0, -1)
+           ) -> dict[str, Tensor]:
+    """Per valid position (N_valid,): logsumexp, entropy, renyi2, max_prob[, logprob]; only the
+    logsumexp with full=False; of valid rows rows[0]..rows[1] only (-1: to the last)."""
     parts: dict[str, list[Tensor]] = {}
-    for a, b in src.position_chunks():
+    for a, b in src.position_chunks(rows[0], src.n if rows[1] < 0 else rows[1]):
         mom = None
         tok = None if ids is None else torch.zeros(b - a, dtype=src.dtype, device=src.device)
         for c0, c1 in src.vocab_chunks():
@@ -294,19 +448,23 @@ def _stats(src: _Source, ids: Tensor | None) -> dict[str, Tensor]:
                 picked = z.gather(1, local.clamp(0, c1 - c0 - 1)[:, None]).squeeze(1)
                 tok = torch.where(inside, picked, tok)
             _, scratch = src.buffers(b - a, c1 - c0)
-            mom = _merge(mom, _block_moments(z, scratch, finite=src.head is not None))
-        out = _finish(mom)
+            mom = _merge(mom, _piece_moments(z, scratch, src.head is not None, full,
+                                             src.piece_rows(c1 - c0)))
+        out = _finish(mom) if full else {"logsumexp": mom.m + mom.s0.log()}
         if tok is not None:
             out["logprob"] = tok - out["logsumexp"]
         for key, value in out.items():
             parts.setdefault(key, []).append(value)
-    keys = ["logsumexp", "entropy", "renyi2", "max_prob"] + ([] if ids is None else ["logprob"])
+    keys = (["logsumexp", "entropy", "renyi2", "max_prob"] if full else ["logsumexp"]) + (
+        [] if ids is None else ["logprob"])
     empty = torch.zeros(0, dtype=src.dtype, device=src.device)
     return {k: torch.cat(parts[k]) if k in parts else empty for k in keys}
 
 
-def _logsumexp(src: _Source) -> Tensor:
-    return _stats(src, None)["logsumexp"]
+def _logsumexp(src: _Source, a: int = 0, b: int = -1) -> Tensor:
+    """logsumexp (N_valid,), or of valid rows a..b: the same values as _stats's, without its
+    entropy and Rényi passes."""
+    return _stats(src, None, full=False, rows=(a, b))["logsumexp"]
 
 
 def _distribution_sum(src: _Source, lse: Tensor) -> Tensor:
@@ -324,7 +482,12 @@ def _jsd(src: _Source, lse: Tensor, mean_dist: Tensor) -> Tensor:
     out = torch.zeros(src.n, dtype=src.dtype, device=src.device)  # (N_valid,)
     for a, b in src.position_chunks():
         for c0, c1 in src.vocab_chunks():
-            out[a:b] += _jsd_block(src.probs(a, b, c0, c1, lse), q[None, c0:c1])
+            ref = q[None, c0:c1]  # (1, v)
+            log_ref = _log_probs(ref)
+            z = src.block(a, b, c0, c1)  # (n, v)
+            for r0, r1 in _row_pieces(b - a, src.piece_rows(c1 - c0)):
+                p, logp = src.piece_probs(z, lse[a:b], r0, r1)
+                out[a + r0:a + r1] += _jsd_block(p, logp, ref, log_ref, src.piece_mix(p.shape))
     return out.clamp_(0.0, LN2)
 
 
@@ -513,9 +676,14 @@ def group_step_jsd(
     formed, one pass over the vocabulary after the logsumexp pass. A key of more rows than
     chunk_positions (a whole response, or a whole group of 8 × 2,048 positions, as one key) is
     visited on its own in sub-blocks of chunk_positions rows, in two passes: its full-vocabulary
-    sum (V,) float64 first, then the JSD terms, each row's p computed twice. Nothing larger than
-    chunk_positions × chunk_vocab (a few buffers of it) or keys × V (for the keys of one block,
-    whose count is bounded by chunk_positions) ever exists.
+    sum (V,) float64 first, then the JSD terms, each row's p computed twice. Without logsumexp
+    and with a head, a block holds at most CACHE_BLOCKS · chunk_positions · chunk_vocab / V rows
+    (441 at the defaults and V = 151,936), whose logits over the whole vocabulary are formed once
+    and kept between the logsumexp and the divergences, so the head's matmul runs once per row
+    (a larger key, and materialised logits, as before). Nothing larger than chunk_positions ×
+    chunk_vocab (a few buffers of it, CACHE_BLOCKS of them for the kept logits, two for a
+    float64 copy of a block's p) or keys × V (for the keys of one block, whose count is bounded
+    by chunk_positions) ever exists.
 
     Ranks: when a key's rows sit on several processes, all_reduce (sums a tensor over the ranks,
     returning the sum) is applied to the per-key counts once, to every block's per-key sums of
@@ -581,7 +749,11 @@ def group_step_reference(
     row_keys, order = torch.sort(keys.reshape(-1).to(src.device)[src.rows].long(), stable=True)
     src.reorder(order)  # the rows of a key are now contiguous
     ids = None if token_ids is None else _token_ids_valid(src, token_ids)  # (N_valid,) sorted rows
-    lse = _logsumexp(src) if logsumexp is None else _valid_values(src, logsumexp)  # (N_valid,)
+    # without a logsumexp, each block's is formed block by block below: with a head, from
+    # logits kept for the block's second pass (fill), in blocks of at most cache_rows() rows
+    keep = logsumexp is None and src.head is not None
+    lse = (torch.empty(src.n, dtype=src.dtype, device=src.device) if logsumexp is None
+           else _valid_values(src, logsumexp))  # (N_valid,)
     if all_keys is None:
         if all_reduce is not None:
             raise ValueError("all_reduce needs all_keys: the sorted unique keys of every rank")
@@ -608,18 +780,24 @@ def group_step_reference(
     # the reference's divisor: n_k, or n_k − 1 leaving the row out (1 for a lone key: u = 0 below)
     divisor = (counts - 1.0 if leave_out else counts).clamp_min(1.0)  # (K,)
     # blocks from chunk_positions itself, not from this rank's share of rows (src.cp)
-    for k0, k1 in _key_blocks(counts.round().long().tolist(), chunk_positions):
+    limit = min(chunk_positions, src.cache_rows()) if keep else chunk_positions
+    for k0, k1 in _key_blocks(counts.round().long().tolist(), limit):
         a, b = start[k0], start[k1]
         if a == b and all_reduce is None:
             continue  # keys of all_keys that no row here holds, and no rank to answer
+        large = k1 - k0 == 1 and float(counts[k0]) > chunk_positions  # read twice: not kept
+        if logsumexp is None and b > a:
+            lse[a:b] = (src.fill(a, b) if keep and not large and b - a <= src.cache_rows()
+                        else _logsumexp(src, a, b))
         block = None if extras is None else {f: v[a:b] for f, v in extras.items()}  # views
         row_ids = None if ids is None else ids[a:b]
-        if k1 - k0 == 1 and float(counts[k0]) > chunk_positions:
+        if large:
             out[a:b] = _large_key_jsd(src, lse, a, b, float(divisor[k0]), leave_out, all_reduce,
                                       row_ids, block)
         else:
             out[a:b] = _key_block_jsd(src, lse, a, b, key_index[a:b] - k0, divisor[k0:k1],
                                       leave_out, all_reduce, row_ids, block)
+        src.release()
     if leave_out:
         out[counts[key_index] < 2] = 0.0  # a lone row: no other response to compare with
     out.clamp_(0.0, LN2)
@@ -691,40 +869,154 @@ def _at_tokens(values: Tensor, ids: Tensor, c0: int, c1: int, rows: Tensor | Non
     return torch.where(inside, values[which, local.clamp(0, c1 - c0 - 1)].double(), 0.0)
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """Rows [r0, r1) of a block's sorted rows, within the block: keys [k0, k1) of the block with
+    `rows` rows each, so that they view as (keys, rows, v). A key of more rows than a piece is
+    split over several pieces; first / last: the piece holds the key's first / last rows."""
+
+    r0: int
+    r1: int
+    k0: int
+    k1: int
+    rows: int
+    first: bool = True
+    last: bool = True
+
+
+def _key_pieces(counts: list[int], limit: int) -> list[_Piece]:
+    """The pieces of a block, in row order, from the rows of each of its keys here (counts):
+    consecutive keys of one count together, up to `limit` rows, and a key of more rows in pieces
+    of at most `limit` (the last one never a single row, see _row_pieces); keys without rows here
+    are in no piece."""
+    pieces, r, k = [], 0, 0
+    while k < len(counts):
+        c = counts[k]
+        if c > limit:
+            for j0, j1 in _row_pieces(c, limit):
+                pieces.append(_Piece(r + j0, r + j1, k, k + 1, j1 - j0, j0 == 0, j1 == c))
+            k1 = k + 1
+        else:
+            k1 = k + 1
+            while k1 < len(counts) and counts[k1] == c and (k1 + 1 - k) * c <= limit:
+                k1 += 1
+            if c:
+                pieces.append(_Piece(r, r + (k1 - k) * c, k, k1, c))
+        r, k = r + (k1 - k) * c, k1
+    return pieces
+
+
+def _probs_and_sums(src: _Source, z: Tensor, lse: Tensor, piece: _Piece, sums: Tensor,
+                    keep: bool) -> tuple[Tensor, Tensor]:
+    """(p, log p) of a piece's rows, each (keys, rows, v) (src.piece_probs: p in z's place, log p
+    kept for the block when `keep`), p added to the float64 sums (k, v) of its keys row after
+    row, the sums index_add_ forms (torch.sum's order over rows depends on the shapes)."""
+    p, logp = src.piece_probs(z, lse, piece.r0, piece.r1, keep)
+    shape = (piece.k1 - piece.k0, piece.rows, p.shape[-1])
+    p, logp = p.view(shape), logp.view(shape)
+    acc = sums[piece.k0:piece.k1]  # (keys, v)
+    # widened once, then added in float64: adding float32 rows to float64 ones element by
+    # element converts each entry on its own, ~3x slower on a CPU; the same bits (exact casts)
+    wide = src.scratch("wide", shape, torch.float64).copy_(p)
+    if piece.first:
+        acc.copy_(wide[:, 0])
+    for j in range(1 if piece.first else 0, piece.rows):
+        acc.add_(wide[:, j])
+    return p, logp
+
+
+def _row_sums(x: Tensor, alone: bool) -> Tensor:
+    """x.sum(dim=-1), x (..., v) float64, with each row's sum as torch forms it inside a block of
+    several rows: torch sums a tensor of a single row in two halves (one per thread), another
+    rounding, so a lone row is summed beside a copy of itself, unless `alone` (its block has no
+    other row: the sum it always had)."""
+    if x.numel() == x.shape[-1] and not alone:
+        return x.reshape(1, -1).expand(2, -1).sum(dim=1)[:1].reshape(x.shape[:-1])
+    return x.sum(dim=-1)
+
+
+def _piece_jsd(src: _Source, p: Tensor, logp: Tensor, piece: _Piece, sums: Tensor,
+               divisor: Tensor, leave_out: bool, beta: Tensor | None, alone: bool) -> Tensor:
+    """u's terms (piece rows,) of one vocabulary chunk: p and log p (keys, rows, v), sums (k, v)
+    float64 over every rank, divisor (k,). A key's reference (and its log) is formed when the
+    piece holds its first rows, then kept for its later pieces; leaving the row out, each row's
+    own (adding its β's terms to beta (piece rows,) when given)."""
+    k0, k1 = piece.k0, piece.k1
+    if leave_out:
+        rest = torch.sub(sums[k0:k1, None, :], p,  # (keys, rows, v) float64: S_k − p_i
+                         out=src.scratch("wide", p.shape, torch.float64))
+        ref = _leave_out_reference(rest, divisor[k0:k1, None, None], src.scratch("ref", p.shape))
+        if beta is not None:  # rest now holds each row's float64 reference
+            beta += _row_sums(rest.square_(), alone).reshape(-1)
+        log_ref = _log_probs(ref, out=src.scratch("log_ref", p.shape))
+    else:
+        shape = (k1 - k0, 1, p.shape[-1])
+        ref, log_ref = src.scratch("ref", shape), src.scratch("log_ref", shape)
+        half = src.scratch("half_ref", shape)
+        if piece.first:  # exactly p for a lone key
+            # divided in float64, then rounded once (a float64 / float64 division written to
+            # float32 converts entry by entry, several times slower)
+            mean = torch.div(sums[k0:k1, None], divisor[k0:k1, None, None],
+                             out=src.scratch("mean", shape, torch.float64))
+            ref.copy_(mean)
+            _log_probs(ref, out=log_ref)
+            _half(ref, out=half)
+        return _jsd_block(p, logp, ref, log_ref, src.piece_mix(p.shape), half).reshape(-1)
+    return _jsd_block(p, logp, ref, log_ref, src.piece_mix(p.shape)).reshape(-1)
+
+
 def _key_block_jsd(src: _Source, lse: Tensor, a: int, b: int, local: Tensor, divisor: Tensor,
                    leave_out: bool, all_reduce: Callable[[Tensor], Tensor] | None,
                    ids: Tensor | None = None, extras: dict[str, Tensor] | None = None) -> Tensor:
     """u (b - a,) of sorted valid rows a..b holding whole keys; local (b - a,) the key of each row
     within the block, divisor (k,) float64 of each key. With ids (b - a,) the rows' tokens, adds
-    each row's key_sum, own and beta (REFERENCE_FIELDS) of this block's chunks into extras."""
-    k = divisor.numel()
-    u = torch.zeros(b - a, dtype=src.dtype, device=src.device)
+    each row's key_sum, own and beta (REFERENCE_FIELDS) of this block's chunks into extras.
+
+    Each vocabulary chunk's block of logits is visited in pieces of rows (_key_pieces): p and its
+    keys' float64 sums, then the JSD terms of the same rows while they are in the cache. Without
+    all_reduce a piece's keys are complete when it ends (a split key's: with its last piece); with
+    it, every key's sum goes through the collective first, so p of every piece is formed before
+    any JSD term (p stays in the block's buffer)."""
+    k, n = divisor.numel(), b - a
+    u = torch.zeros(n, dtype=src.dtype, device=src.device)
     key_beta = None if extras is None or leave_out else torch.zeros(k, dtype=torch.float64,
                                                                     device=src.device)
+    counts = torch.bincount(local, minlength=k).tolist()  # the rows of each key here
+    lse = lse[a:b]
     for c0, c1 in src.vocab_chunks():
-        sums = torch.zeros(k, c1 - c0, dtype=torch.float64, device=src.device)  # (k, v)
-        p = src.probs(a, b, c0, c1, lse) if b > a else None  # (n, v)
-        if p is not None:
-            sums.index_add_(0, local, p.double())
-        if all_reduce is not None:
-            sums = all_reduce(sums)
-        if p is None:
+        sums = src.scratch("sums", (k, c1 - c0), torch.float64)  # (k, v)
+        if n == 0 or 0 in counts:
+            sums.zero_()  # keys no row here holds (other ranks' rows)
+        if n == 0:
+            all_reduce(sums)
             continue
+        z = src.block(a, b, c0, c1)  # (n, v); p in its place after _probs_and_sums
+        pieces = _key_pieces(counts, src.piece_rows(c1 - c0))
+        if all_reduce is None:
+            groups, pending = [], []
+            for piece in pieces:
+                pending.append(piece)
+                if piece.last:
+                    groups.append(pending)
+                    pending = []
+        else:
+            groups = [pieces]
+        probs: dict[int, tuple[Tensor, Tensor]] = {}
+        for group in groups:
+            for piece in group:
+                probs[piece.r0] = _probs_and_sums(src, z, lse, piece, sums,
+                                                  keep=len(group) > 1)
+            if all_reduce is not None:
+                sums = all_reduce(sums)
+            for piece in group:
+                beta = None if extras is None or not leave_out else extras["beta"][piece.r0:piece.r1]
+                u[piece.r0:piece.r1] += _piece_jsd(src, *probs.pop(piece.r0), piece, sums,
+                                                   divisor, leave_out, beta, alone=n == 1)
         if extras is not None:
             extras["key_sum"] += _at_tokens(sums, ids, c0, c1, rows=local)
-            extras["own"] += _at_tokens(p, ids, c0, c1)
-        _, scratch = src.buffers(b - a, c1 - c0)
-        if leave_out:
-            rest = sums.index_select(0, local).sub_(p)  # (n, v) float64: S_k − p_i
-            ref = _leave_out_reference(rest, divisor[local, None], scratch)
-            if extras is not None:  # rest now holds each row's float64 reference
-                extras["beta"] += rest.square_().sum(dim=1)
-        else:
-            mean = sums.div_(divisor[:, None])  # (k, v) float64; exactly p for a lone key
-            if key_beta is not None:
-                key_beta += mean.square().sum(dim=1)
-            ref = torch.index_select(mean.to(src.dtype), 0, local, out=scratch)
-        u += _jsd_block(p, ref)
+            extras["own"] += _at_tokens(z, ids, c0, c1)  # p in z's place
+            if key_beta is not None:  # the block's keys at once, as their sums' rows
+                key_beta += sums.div_(divisor[:, None]).square().sum(dim=1)
     if key_beta is not None:
         extras["beta"] += key_beta[local]
     return u
@@ -735,7 +1027,8 @@ def _large_key_jsd(src: _Source, lse: Tensor, a: int, b: int, divisor: float, le
                    extras: dict[str, Tensor] | None = None) -> Tensor:
     """u (b - a,) of sorted valid rows a..b, all of one key of more than chunk_positions rows
     (over every rank): the key's sum over the whole vocabulary first, then the JSD terms, in
-    sub-blocks of chunk_positions rows. With ids (b - a,), extras as :func:`_key_block_jsd`."""
+    sub-blocks of chunk_positions rows (visited in pieces of rows, as _key_block_jsd). With ids
+    (b - a,), extras as :func:`_key_block_jsd`."""
     sums = torch.zeros(src.vocab, dtype=torch.float64, device=src.device)  # (V,)
     for a1 in range(a, b, src.cp):
         b1 = min(a1 + src.cp, b)
@@ -752,20 +1045,24 @@ def _large_key_jsd(src: _Source, lse: Tensor, a: int, b: int, divisor: float, le
     u = torch.zeros(b - a, dtype=src.dtype, device=src.device)
     for a1 in range(a, b, src.cp):
         b1 = min(a1 + src.cp, b)
-        rows = slice(a1 - a, b1 - a)
         for c0, c1 in src.vocab_chunks():
-            p = src.probs(a1, b1, c0, c1, lse)  # (n, v)
+            z = src.block(a1, b1, c0, c1)  # (n, v); p in its place, piece by piece
+            if not leave_out:
+                ref = mean[None, c0:c1]  # (1, v)
+                log_ref = _log_probs(ref)
+            for r0, r1 in _row_pieces(b1 - a1, src.piece_rows(c1 - c0)):
+                rows = slice(a1 - a + r0, a1 - a + r1)
+                p, logp = src.piece_probs(z, lse[a1:b1], r0, r1)  # (m, v) each
+                if leave_out:
+                    rest = torch.sub(sums[None, c0:c1], p,  # (m, v) float64: S_k − p_i
+                                     out=src.scratch("wide", p.shape, torch.float64))
+                    ref = _leave_out_reference(rest, divisor, src.scratch("ref", p.shape))
+                    if extras is not None:
+                        extras["beta"][rows] += _row_sums(rest.square_(), alone=b1 - a1 == 1)
+                    log_ref = _log_probs(ref, out=src.scratch("log_ref", p.shape))
+                u[rows] += _jsd_block(p, logp, ref, log_ref, src.piece_mix(p.shape))
             if extras is not None:
-                extras["own"][rows] += _at_tokens(p, ids[rows], c0, c1)
-            if leave_out:
-                _, scratch = src.buffers(b1 - a1, c1 - c0)
-                rest = torch.sub(sums[None, c0:c1], p)  # (n, v) float64: S_k − p_i
-                ref = _leave_out_reference(rest, divisor, scratch)
-                if extras is not None:
-                    extras["beta"][rows] += rest.square_().sum(dim=1)
-            else:
-                ref = mean[None, c0:c1]
-            u[rows] += _jsd_block(p, ref)
+                extras["own"][a1 - a:b1 - a] += _at_tokens(z, ids[a1 - a:b1 - a], c0, c1)
     return u
 
 
