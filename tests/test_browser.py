@@ -27,6 +27,8 @@ from stages.core import plots
 from stages.core.render import Table, html_page
 from tests.conftest import ROOT, workflow_env
 
+pytestmark = pytest.mark.slow  # runs workflows and opens their pages in Chromium: scripts/test.sh --all
+
 CHROMIUM = "/usr/bin/chromium"
 # without these Chromium reaches for the network (closed here) and hangs on it
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

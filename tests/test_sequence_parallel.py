@@ -33,6 +33,8 @@ from stages.train import check_layout
 from tests.conftest import ROOT
 from tests.test_train import PAD, VOCAB, random_batch
 
+pytestmark = pytest.mark.slow  # trainings across two processes: scripts/test.sh --all
+
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=2, num_key_value_heads=1,
                              max_position_embeddings=128)

@@ -43,6 +43,8 @@ from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, workflow_env, write_yaml
 
+pytestmark = pytest.mark.slow  # a real two-node SLURM cluster and workflow runs through it (minutes): scripts/test.sh --all
+
 PACKAGES = ["slurm-wlm", "munge"]
 BINARIES = ["munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")

@@ -116,8 +116,8 @@ def test_bad_config_stops_before_scheduling(tmp_path, test_raw, edit, expect):
     assert "Job stats" not in proc.stdout
 
 
-@pytest.mark.slow
 def test_real_run_of_the_test_config(local_test_run):
+    """The quick tier's one end-to-end workflow: config/test.yaml with the local executor."""
     wd, proc = local_test_run
     cfg = ROOT / "config" / "test.yaml"
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -33,6 +33,8 @@ from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, write_yaml
 from tests.test_train import ARCH, PAD, VOCAB, cli_args, job, random_batch  # noqa: F401
 
+pytestmark = pytest.mark.slow  # DeepSpeed ZeRO-3 across processes, through the stage: scripts/test.sh --all
+
 
 # ---------------------------------------------------------------------------------------------
 # One process: the module and its gathering without DeepSpeed
