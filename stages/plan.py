@@ -1,6 +1,7 @@
 """Memory plan: estimated peak GPU memory per GPU and host memory per node of every GPU job.
 
     python -m stages.plan --configfile config/paper.yaml [--gpu-memory-gb 80] [--json]
+    python -m stages.plan --configfile config/paper.yaml --cost     # the cost plan (stages.cost)
 
 For every GPU job kind (rollout, token_stats, train, evaluate) and model size: nodes x GPUs per
 node, the peak per GPU in the rollout phase and in the training phase with their main terms, and
@@ -498,12 +499,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--requests", action="store_true",
                    help="print what each job asks the scheduler for (a Markdown table) and stop")
+    p.add_argument("--cost", action="store_true",
+                   help="print the cost plan instead (stages.cost): estimated GPU-hours, wall time "
+                        "and disk of every GPU job and of the whole run")
+    p.add_argument("--max-runtime", type=int, default=None, metavar="MINUTES",
+                   help="--cost: the partition's time limit (default: resources.max_runtime, else "
+                        "scontrol's MaxTime of the GPU jobs' partition)")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.configfile)
         if args.requests:
             print(requests_table(cfg))
             return 0
+        if args.cost:
+            return _cost_main(cfg, args)
         jobs = plan(cfg, args.gpu_memory_gb, args.prompt_tokens)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -515,6 +524,29 @@ def main(argv: list[str] | None = None) -> int:
     problems = [p for j in jobs for p in j.problems]
     if problems:
         print("does not fit:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cost_main(cfg: Config, args) -> int:
+    """--cost: the plan, its warnings on stderr; exit 1 where a training can never finish."""
+    from . import cost
+
+    if args.max_runtime is not None:
+        limit, source = args.max_runtime, "--max-runtime"
+    else:
+        limit, source = cost.runtime_limit(cfg)
+    plan_ = cost.cost_plan(cfg, args.configfile, limit, source)
+    if args.json:
+        print(json.dumps(plan_.as_dict(), indent=1))
+    elif plan_.rows:
+        print(cost.render(plan_, cfg), end="")
+    else:
+        print("no GPU jobs: every size runs on the CPU (the cost plan estimates GPU jobs)")
+    if plan_.warnings:
+        print("warnings:\n  " + "\n  ".join(plan_.warnings), file=sys.stderr)
+    if plan_.problems:
+        print("cannot finish:\n  " + "\n  ".join(plan_.problems), file=sys.stderr)
         return 1
     return 0
 

@@ -608,7 +608,9 @@ def main(args, cfg: Config) -> None:
     live.close()
     seconds = time.perf_counter() - began
     finish(engine, tokenizer, cfg, args, rows, out_dir, resume_dir, dist, seconds, start)
-    torch.distributed.destroy_process_group()
+    sampler.close()  # a vLLM engine's teardown takes the process group with it
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def cli_progress(start: int, total: int, desc: str, rank: int):

@@ -87,3 +87,32 @@ def test_the_docs_memory_plans_are_the_configs(config, gpu_gb):
         f"docs/plan.md: the plan of config/{config} is out of date; regenerate it with "
         f"python -m stages.plan --configfile config/{config}"
         + (f" --gpu-memory-gb {gpu_gb:g}" if gpu_gb else ""))
+
+
+@pytest.fixture(scope="module")
+def cost_plans():
+    from stages.cost import docs_plans
+
+    return docs_plans(ROOT)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/cluster.md"])
+def test_the_cost_totals_in_the_docs_are_the_configs(page, cost_plans):
+    """The reproductions' estimated totals (python -m stages.plan --cost) at the top of the
+    cluster page and in the README's runs: regenerate with scripts/regen_plan_docs.py."""
+    from stages.cost import summary_table
+
+    assert summary_table(cost_plans) in (ROOT / page).read_text(), (
+        f"{page}: the cost totals are out of date; run scripts/regen_plan_docs.py")
+
+
+def test_the_docs_trainings_and_cost_plans_are_the_configs(cost_plans):
+    from stages.config import load_config
+    from stages.cost import render, train_table
+
+    assert train_table(cost_plans) in (ROOT / "docs" / "cluster.md").read_text(), (
+        "docs/cluster.md: the trainings' attempts are out of date; run scripts/regen_plan_docs.py")
+    page = (ROOT / "docs" / "cost.md").read_text()
+    for p in cost_plans:
+        assert render(p, load_config(ROOT / p.source)) in page, (
+            f"docs/cost.md: the cost plan of {p.source} is out of date; run scripts/regen_plan_docs.py")

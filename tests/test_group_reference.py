@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -173,6 +173,7 @@ def test_low_precision_inputs_reduced_in_float32(dtype):
     seed=st.integers(0, 2**16),
     chunk_positions=st.sampled_from([1, 2, 1000]),
 )
+@example(z=np.ones((1, 3), np.float32), scale=1e3, seed=0, chunk_positions=1)  # CI found it
 def test_bounds(z, scale, seed, chunk_positions):
     """0 ≤ P̄(y) ≤ 1, P̄(y)² ≤ β, 1/V ≤ β ≤ 1, own ≤ key_sum; the key's mean is the mixture
     p_i/n + (n − 1)/n · (the mean of the others), and the others' mean is the leave-out
@@ -187,7 +188,9 @@ def test_bounds(z, scale, seed, chunk_positions):
                              chunk_positions=chunk_positions, chunk_vocab=3)
     loo = group_step_reference(logits, None, keys, 0.7, mask, token_ids=ids, leave_out=True,
                                chunk_positions=chunk_positions, chunk_vocab=3)
-    eps = 1e-6  # float32 blocks
+    # float32 blocks: log-softmax of z / T rounds log p to a float32 ulp of |z / T|, so the
+    # probabilities carry a relative error of that size (1.4e-5 in β at |z / T| = 1429)
+    eps = 1e-6 + 2 * torch.finfo(torch.float32).eps * float(logits.abs().max()) / 0.7
     lone = lone_steps(mask[None], keys[None])[0]
     shared = mask & ~lone
     for ref, rows in ((r, mask), (loo, shared)):

@@ -102,8 +102,9 @@ class FakeLLM:
         model = types.SimpleNamespace(lm_head=self.lm_head, logits_processor=processor)
         self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model),
                                             reload_weights=self._reload)
-        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
-            driver_worker=types.SimpleNamespace(worker=self.worker)))
+        self.llm_engine = types.SimpleNamespace(
+            model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=self.worker)),
+            engine_core=types.SimpleNamespace(shutdown=lambda: self.events.append("shutdown")))
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
@@ -295,6 +296,8 @@ def test_policy_sampler_loads_weights_and_samples(tmp_path, fake_vllm, monkeypat
     sampler.release()
     sampler.release()  # once asleep, nothing more
     assert llm.events[-2:] == ["generate", "sleep2"]
+    sampler.close()  # the engine shuts down before the trainer's process group goes
+    assert llm.events[-1] == "shutdown"
 
 
 def test_without_sleep_mode_the_engine_stays_awake(tmp_path, fake_vllm):

@@ -173,3 +173,74 @@ def test_operational_edits_rerun_nothing_and_a_new_method_only_its_own_jobs(loca
                                                        "tables": 1}
     raw["train"]["lr"] = 3e-4
     assert dry_run_counts(copy, raw, "result")["train"] == 3
+
+
+# ----- walltime and retries from the cost plan ----------------------------------------------------
+def dry_run_runtimes(stdout: str) -> dict[str, set[int]]:
+    """{rule: the runtimes its jobs ask for} of a dry run."""
+    out: dict[str, set[int]] = {}
+    for block in re.split(r"\n(?=rule \w+:)", stdout):
+        rule, runtime = re.match(r"rule (\w+):", block), re.search(r"\bruntime=(\d+)", block)
+        if rule and runtime:
+            out.setdefault(rule[1], set()).add(int(runtime[1]))
+    return out
+
+
+def test_the_limit_is_each_partitions_maxtime_from_scontrol(tmp_path, test_raw, monkeypatch):
+    # a stand-in scontrol: GPU jobs go to `gpu` (MaxTime 30 min), the others to `cpu` (20 min)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\necho 'PartitionName=cpu Default=YES MaxTime=00:20:00 State=UP'\n"
+        "echo 'PartitionName=gpu Default=NO MaxTime=30 State=UP'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("ICT_GPU_PARTITION", "gpu")
+    monkeypatch.setenv("SBATCH_PARTITION", "cpu")
+    test_raw["models"]["tiny-s"]["gpus"] = {"evaluate": 1}
+    for rule in test_raw["resources"]:
+        test_raw["resources"][rule]["runtime"] = 60
+    proc = snakemake("-n", "--configfile", str(write_yaml(tmp_path / "c.yaml", test_raw)), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runtimes = dry_run_runtimes(proc.stdout)
+    assert runtimes["evaluate"] == {30} and runtimes["train"] == {20} and runtimes["prepare_data"] == {20}
+
+
+RESTART_TIMES = """
+import sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, ResourceSettings
+with SnakemakeApi() as api:
+    wf = api.workflow(resource_settings=ResourceSettings(), snakefile=Path(sys.argv[1]),
+                      config_settings=ConfigSettings(configfiles=[Path(sys.argv[2])]),
+                      workdir=Path(sys.argv[3]))
+    print({r.name: r._restart_times for r in wf._workflow.rules})
+"""
+
+
+def rule_retries(config: Path, cwd: Path) -> dict:
+    """Each rule's own `retries` as Snakemake parses the workflow (None: the profile's)."""
+    proc = subprocess.run([sys.executable, "-c", RESTART_TIMES, str(ROOT / "Snakefile"), str(config),
+                           str(cwd)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return eval(proc.stdout.strip().splitlines()[-1])  # a dict of names and ints or None
+
+
+def test_the_training_rule_retries_as_often_as_the_cost_plan_counts(tmp_path, test_raw):
+    from stages.config import validate
+    from stages.cost import train_retries
+
+    # a GPU training of ten 28-minute steps in attempts capped at 100 minutes (resources.max_runtime)
+    test_raw["models"]["tiny-s"]["gpus"] = {"train": 1}
+    test_raw["train"].update(steps=10, checkpoint_every=1)
+    test_raw["resources"]["train"]["runtime"] = 600
+    test_raw["resources"]["max_runtime"] = 100
+    test_raw["cost"] = {"generation_tokens_per_s": 0.3, "step_overhead_s": 0, "startup_minutes": 1}
+    config = write_yaml(tmp_path / "long.yaml", test_raw)
+    cfg = validate(test_raw, "long.yaml")
+    want = train_retries(cfg, 100)
+    assert want > 1 and train_retries(cfg, None) is None  # uncapped, 600 minutes are enough
+    retries = rule_retries(config, tmp_path)
+    assert retries["train"] == want and retries["evaluate"] is None  # the others: the profile's

@@ -47,6 +47,9 @@ class HfPolicySampler:
     def release(self) -> None:
         """Nothing to do: generation holds no memory between steps."""
 
+    def close(self) -> None:
+        """Nothing to do: the training module is the engine."""
+
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int | list[int], prompt_seeds: list[int],
                desc: str = "rollout") -> list[Sample]:
@@ -244,6 +247,13 @@ class VllmPolicySampler:
         if self.sleeps and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep = True
+
+    def close(self) -> None:
+        """Shut the engine down before the job's process group goes: vLLM's teardown destroys its
+        own groups and then the default one, which it shares with DeepSpeed (left to the engine's
+        finalizer at exit, it would find them destroyed already and raise). After this the
+        process group is gone."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int | list[int], prompt_seeds: list[int],

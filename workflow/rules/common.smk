@@ -29,6 +29,20 @@ except ConfigError as err:  # an unknown hub model names models.<size>.hub.model
 if _PLAN:
     sys.exit("error: invalid config\n  " + "\n  ".join(f"{CONFIG_SOURCE}: {p}" for p in _PLAN))
 
+# The cost plan (python -m stages.plan --cost): the attempts of the longest GPU training, each at
+# most the partition's limit, become the training rule's `retries` (workflow/rules/train.smk);
+# None leaves the profile's. A size whose dimensions are unknown gets no estimate.
+from stages.core.cost import partition_max_minutes
+from stages.cost import attempt_runtime, train_retries
+from stages.cost import runtime_limit as cost_runtime_limit
+
+try:
+    TRAIN_RETRIES = (train_retries(CFG, cost_runtime_limit(CFG)[0])
+                     if any(CFG.models[s].gpus.train for s in CFG.experiment.sizes) else None)
+except ConfigError as err:
+    print(f"warning: no cost plan, so the profile's retries apply to training: {err}", file=sys.stderr)
+    TRAIN_RETRIES = None
+
 RESULTS = f"results/{CFG.run}"
 # The interpreter running Snakemake runs the stages too, so an un-activated venv still works;
 # on a GPU cluster the stages run from the GPU environment (scripts/setup.sh --gpu), named here.
@@ -152,6 +166,29 @@ def job_partition(rule, wildcards):
     return os.environ.get("SBATCH_PARTITION") or None
 
 
+def job_runtime_limit(rule, wildcards):
+    """The longest walltime a job of `rule` may ask for, minutes: resources.max_runtime, else the
+    MaxTime of the partition it goes to (`scontrol show partition`, once per partition; None where
+    unlimited or SLURM is not installed). A partition set with --set-resources is not seen here."""
+    if CFG.resources.max_runtime is not None:
+        return CFG.resources.max_runtime
+    partition = job_partition(rule, wildcards)
+    if partition not in _PARTITION_LIMITS:
+        _PARTITION_LIMITS[partition] = partition_max_minutes(partition)
+    return _PARTITION_LIMITS[partition]
+
+
+_PARTITION_LIMITS = {}
+
+
+def job_runtime(rule, wildcards, attempt):
+    """Walltime of one attempt, minutes (stages.cost.attempt_runtime): a training's request on
+    every attempt (it resumes, and has as many attempts as the cost plan counts: TRAIN_RETRIES),
+    another job's request x attempt; capped at the partition's limit."""
+    return attempt_runtime(rule, job_request(rule, wildcards).runtime, attempt,
+                           job_runtime_limit(rule, wildcards))
+
+
 def job_threads(rule):
     """`threads:` of a rule: its CPUs from the config (Snakemake caps them at --cores locally)."""
     return lambda wildcards: job_request(rule, wildcards).cpus
@@ -188,8 +225,7 @@ def job_resources(rule):
     resources = {
         "cpus_per_task": job_threads(rule),
         "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
-        # a resubmitted job (profile `retries`) gets more time: walltime kills are the usual failure
-        "runtime": lambda wildcards, attempt: job_request(rule, wildcards).runtime * attempt,
+        "runtime": lambda wildcards, attempt: job_runtime(rule, wildcards, attempt),
         "gpu": lambda wildcards: None if multi(wildcards) else job_gpus(rule, wildcards),
         "gres": lambda wildcards: f"gpu:{gpus_per_node(wildcards)}"
         if multi(wildcards) and gpus_per_node(wildcards) else None,

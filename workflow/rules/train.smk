@@ -25,6 +25,9 @@ rule train:
     log:
         f"{RESULTS}/logs/train/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("train")
+    # a long training continues across resubmissions, each from its last checkpoint: as many as
+    # the cost plan counts (common.smk's TRAIN_RETRIES; None: the profile's `retries`)
+    retries: TRAIN_RETRIES
     resources:
         **job_resources("train"),
         # The launch layout is a resource, not a param: Snakemake reruns a job whose params

@@ -1,0 +1,502 @@
+"""The cost plan: estimated GPU-hours, wall time and disk of every GPU job and of a reproduction.
+
+    python -m stages.plan --configfile config/beyond-80-20.yaml --cost [--max-runtime MINUTES]
+
+Counted work (stages.core.cost: tokens generated and trained, forward passes, FLOPs at the model's
+size) turned into time by the config's `cost` section: mean prompt and response lengths,
+generation batches per step, the GPUs' generation throughput and training utilisation, the fixed
+time of a step and of a job's start. Those are assumptions (ours) until a GPU run calibrates them
+from its metrics.parquet. Each job's attempt is capped at the partition's limit
+(`resources.max_runtime`, else SLURM's MaxTime); a training continues across attempts from its
+resume state, and the attempts it needs become the training rule's `retries`
+(workflow/rules/train.smk, :func:`train_retries`). The plan warns where an estimate exceeds a
+job's request, a request exceeds the limit, or a training cannot get past its checkpoint interval
+within one attempt.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from .config import Config, ConfigError, Cost
+from .core import cost as cc
+from .core.cost import approx, hours, size_of
+from .core.memory import dtype_bytes
+from .keys import checkpoint_steps
+from .plan import model_arch  # the memory plan's dimensions of a size (errors name the key)
+
+# Problems of the benchmark sources the shipped configs read, by (dataset, config, split,
+# adapter); each count is the one the config's comment or the dataset's card gives.
+KNOWN_PROBLEMS = {
+    ("HuggingFaceH4/MATH-500", None, "test", "math"): 500,
+    ("openai/gsm8k", "main", "test", "gsm8k"): 1319,
+    ("TIGER-Lab/MMLU-STEM", "default", "test", "mmlu"): 3153,  # the hub viewer: 3.15k rows
+    ("Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa"): 198,
+    ("AI-MO/aimo-validation-aime", None, "train", "aimo_aime2023"): 30,  # 2023 of 90 rows
+    ("HuggingFaceH4/aime_2024", None, "train", "aime"): 30,
+    ("math-ai/aime25", None, "test", "aime"): 30,
+    ("math-ai/minervamath", None, "test", "minerva"): 272,
+    ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "olympiadbench"): 674,
+    ("math-ai/amc23", None, "test", "amc"): 40,
+    ("tau/commonsense_qa", None, "validation", "csqa"): 1221,
+}
+
+GPU_RULES = ("rollout", "token_stats", "train", "evaluate", "evaluate_checkpoint", "overlap")
+"""The workflow's GPU rules in its order; an overlap runs as a token-statistics job and a
+checkpoint's evaluation as an evaluation (workflow/rules/overlap.smk, curves.smk)."""
+REQUEST_OF = {"evaluate_checkpoint": "evaluate", "overlap": "token_stats"}
+
+
+@dataclass
+class JobCost:
+    """The estimate of one kind of job (one row: identical jobs of several methods and seeds)."""
+
+    rule: str
+    size: str
+    methods: list[str]
+    jobs: int
+    gpus: int
+    work_min: float
+    wall_min: float
+    attempts: int | None
+    request_min: int
+    attempt_min: int
+    kept_bytes: float
+    transient_bytes: float = 0.0
+    detail: list[str] = field(default_factory=list)
+    steps: int = 0
+    """A training's rollout steps (0 for other jobs)."""
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.jobs * self.gpus * self.wall_min / 60
+
+    @property
+    def requested_gpu_hours(self) -> float:
+        """One attempt of every job at its request (what the reviewer's arithmetic counts)."""
+        return self.jobs * self.gpus * self.request_min / 60
+
+    def key(self) -> tuple:
+        """What two rows must share to be printed as one."""
+        return (self.rule, self.size, self.gpus, self.work_min, self.wall_min, self.attempts,
+                self.request_min, self.attempt_min, self.kept_bytes, self.transient_bytes,
+                tuple(self.detail), self.steps)
+
+    def as_dict(self) -> dict:
+        return {"rule": self.rule, "size": self.size, "methods": self.methods, "jobs": self.jobs,
+                "gpus": self.gpus, "work_hours": round(self.work_min / 60, 3),
+                "wall_hours": round(self.wall_min / 60, 3), "attempts": self.attempts,
+                "request_minutes": self.request_min, "attempt_minutes": self.attempt_min,
+                "gpu_hours": round(self.gpu_hours, 1),
+                "requested_gpu_hours": round(self.requested_gpu_hours, 1),
+                "kept_bytes": round(self.kept_bytes), "transient_bytes": round(self.transient_bytes),
+                "detail": self.detail}
+
+
+@dataclass
+class CostPlan:
+    """Every GPU job's estimate, the reproduction's totals and the warnings."""
+
+    source: str
+    rows: list[JobCost]
+    limit: int | None
+    limit_source: str
+    warnings: list[str]
+    problems: list[str]
+
+    @property
+    def jobs(self) -> int:
+        return sum(r.jobs for r in self.rows)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(r.gpu_hours for r in self.rows)
+
+    @property
+    def requested_gpu_hours(self) -> float:
+        return sum(r.requested_gpu_hours for r in self.rows)
+
+    @property
+    def kept_bytes(self) -> float:
+        return sum(r.jobs * r.kept_bytes for r in self.rows)
+
+    @property
+    def transient_bytes(self) -> float:
+        """Every training's resume states at once: the peak when all of them run together."""
+        return sum(r.jobs * r.transient_bytes for r in self.rows)
+
+    def chain_min(self) -> float:
+        """The longest chain of jobs, minutes, with a GPU for every job at once and no queueing:
+        per size, the longest training or the base-model rollouts and their statistics, then the
+        longest job after it (an evaluation, a checkpoint's evaluation, an overlap)."""
+        def most(size: str, *rules: str) -> float:
+            return max((r.wall_min for r in self.rows if r.size == size and r.rule in rules),
+                       default=0.0)
+
+        longest = 0.0
+        for size in dict.fromkeys(r.size for r in self.rows):
+            before = max(most(size, "train"), most(size, "rollout") + most(size, "token_stats"))
+            after = most(size, "evaluate", "evaluate_checkpoint", "overlap")
+            longest = max(longest, before + after)
+        return longest
+
+    def as_dict(self) -> dict:
+        return {"config": self.source, "jobs": [r.as_dict() for r in self.rows],
+                "gpu_jobs": self.jobs, "gpu_hours": round(self.gpu_hours, 1),
+                "requested_gpu_hours": round(self.requested_gpu_hours, 1),
+                "longest_chain_hours": round(self.chain_min() / 60, 2),
+                "kept_bytes": round(self.kept_bytes), "transient_bytes": round(self.transient_bytes),
+                "max_runtime_minutes": self.limit, "max_runtime_source": self.limit_source,
+                "warnings": self.warnings, "problems": self.problems}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+def problems_of(cfg: Config, name: str) -> int:
+    """Problems of one benchmark: cost.problems, a generated source's n, or the known sources'
+    table (a hub source's `limit` caps it); errors name the key to set."""
+    if name in cfg.cost.problems:
+        return cfg.cost.problems[name]
+    src = cfg.datasets[name].source
+    if src.kind == "generated":
+        return src.n
+    known = None
+    if src.kind == "hub" and not src.levels:
+        known = KNOWN_PROBLEMS.get((src.dataset, src.config, src.split, src.adapter))
+    if known is not None:
+        return min(known, src.limit) if src.limit else known
+    if src.limit and not src.levels:
+        return src.limit  # at most that many: an upper bound
+    raise ConfigError(f"cost.problems.{name}: the cost plan does not know how many problems "
+                      f"datasets.{name} holds; set it")
+
+
+def runtime_limit(cfg: Config, query: bool = True) -> tuple[int | None, str]:
+    """(the longest walltime a GPU job may ask for, minutes, or None; where it comes from):
+    resources.max_runtime, else the MaxTime of the partition GPU jobs go to ($ICT_GPU_PARTITION,
+    else $SBATCH_PARTITION, else the cluster's default; common.smk's job_partition) from
+    `scontrol show partition` when `query` and scontrol exists."""
+    if cfg.resources.max_runtime is not None:
+        return cfg.resources.max_runtime, "resources.max_runtime"
+    if not query:
+        return None, ""
+    partition = os.environ.get("ICT_GPU_PARTITION") or os.environ.get("SBATCH_PARTITION") or None
+    minutes = cc.partition_max_minutes(partition)
+    if minutes is None:
+        return None, ""
+    return minutes, f"MaxTime of partition {partition or '(default)'} (scontrol)"
+
+
+def attempt_minutes(request: int, limit: int | None) -> int:
+    """One attempt's walltime: the request, capped at the limit."""
+    return request if limit is None else min(request, limit)
+
+
+def attempt_runtime(rule: str, request: int, attempt: int, limit: int | None) -> int:
+    """The walltime Snakemake asks for on a job's `attempt` (1, 2, ...; common.smk's `runtime`):
+    a training resumes from its checkpoint, so every attempt asks for its request; a job of
+    another rule starts over, so a resubmission asks for request x attempt. Either is capped at
+    the partition's limit, which sbatch would refuse or leave pending."""
+    return attempt_minutes(request if rule == "train" else request * attempt, limit)
+
+
+def _rescores(cfg: Config, method: str) -> bool:
+    """Whether the method rescores mini-batches after the first: methods.<m>.rescore with a
+    selector that reads statistics (stages.train.train_step's condition, scorer_needs)."""
+    from .core.selectors import STATISTICS
+
+    m = cfg.methods[method]
+    return m.rescore and bool(m.needs() & set(STATISTICS))
+
+
+# ---------------------------------------------------------------------------------------------
+# One estimate per job
+# ---------------------------------------------------------------------------------------------
+def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None) -> JobCost:
+    """One training job (size x method, any seed): the work of its steps, its attempts and its
+    disk. Per step: generation of every generation batch, the forward passes over the trained
+    tokens (stages.core.cost.step_forwards) at the FLOPs of a token, and a fixed overhead."""
+    m, t = cfg.models[size], cfg.train_for(method, size)
+    rates, meth = cfg.cost.of(size), cfg.methods[method]
+    arch = arch or model_arch(cfg, size)
+    gpus = m.gpus.train
+    limit_resp = max(cfg.datasets[d].max_response_tokens or t.max_response_tokens
+                     for d in cfg.experiment.train_datasets)
+    prompt, resp = rates.prompt_tokens, min(rates.response_tokens, limit_resp)
+    batches = t.generation_batch_multiple * rates.generation_batches if t.dynamic_sampling else 1
+    generated = t.prompts_per_step * batches * t.group_size * resp
+    trained = t.prompts_per_step * t.group_size * (prompt + resp)
+    fwd = cc.forward_flops(arch, cc.mean_context(prompt, resp))
+    rescore = _rescores(cfg, method)
+    passes = cc.step_forwards(t.ppo_epochs, t.prompts_per_step // t.mini_batch_prompts,
+                              rescore=rescore, reference=t.loss.kl_beta > 0,
+                              checkpointing=t.gradient_checkpointing)
+    gen_s = cc.generation_seconds(generated, gpus, rates.generation_tokens_per_s)
+    pass_s = cc.compute_seconds(trained * fwd, gpus, rates.gpu_tflops, rates.train_mfu)
+    rescoring_s = passes.get("rescoring", 0.0) * pass_s
+    fixed_s = gen_s + (sum(passes.values()) * pass_s - rescoring_s) + rates.step_overhead_s
+    # no rescoring in the dense warm-up: the selector reads nothing there
+    rescored_steps = t.steps - min(meth.warmup_steps, t.steps) if rescore else 0
+    work_min = (t.steps * fixed_s + rescored_steps * rescoring_s) / 60
+    step_min = work_min / t.steps
+    request = cfg.resources.of("train", size).runtime
+    attempt = attempt_minutes(request, limit)
+    resumes = t.checkpoint_every < t.steps  # a state is written only before the last step
+    lost = t.checkpoint_every * step_min if resumes else work_min
+    n = cc.attempts(work_min, attempt, rates.startup_minutes, lost)
+    wall = cc.wall_minutes(work_min, n, rates.startup_minutes, lost) if n else work_min
+    w = dtype_bytes(t.dtype)
+    checkpoints = len(checkpoint_steps(t))
+    kept = (1 + checkpoints) * cc.hf_checkpoint_bytes(arch, w)
+    # a new state is written before the old one goes (stages.train.save_state): two at the peak
+    transient = 2 * cc.resume_state_bytes(arch, w, t.zero_stage) if resumes else 0.0
+    shown = " + ".join(f"{k} {v:.3g}" for k, v in passes.items())
+    # decoding is bound by memory bandwidth, not FLOPs: the share of the peak that 2 P_mm FLOPs
+    # per generated token make at the assumed rate shows how far from compute-bound it is assumed
+    decode = 2 * cc.matmul_params(arch) * rates.generation_tokens_per_s / (rates.gpu_tflops * 1e12)
+    detail = [
+        f"per step: generation {hours(gen_s / 60)} ({approx(generated / 1e6)}M tokens"
+        + (f", {approx(batches / t.generation_batch_multiple)} generation batches of "
+           f"{t.generation_batch_multiple} x {t.prompts_per_step} prompts" if t.dynamic_sampling else "")
+        + f") + forwards {hours((fixed_s - gen_s - rates.step_overhead_s) / 60)}"
+        + (f" + rescoring {hours(rescoring_s / 60)}" if rescore else "")
+        + f" + overhead {hours(rates.step_overhead_s / 60)}; {t.steps:,} steps"
+        + (f" ({rescored_steps:,} rescored)" if rescore and rescored_steps != t.steps else ""),
+        f"forwards over {approx(trained / 1e6)}M trained tokens x {approx(fwd / 1e9)} GFLOP: "
+        f"{shown}; generation at 2 P_mm FLOPs per token uses {approx(100 * decode)}% of the "
+        f"GPUs' peak",
+        f"disk: {1 + checkpoints} Hugging Face checkpoint(s) of {size_of(kept / (1 + checkpoints))}"
+        + (f"; resume states up to 2 x {size_of(transient / 2)} while it runs" if resumes else ""),
+    ]
+    return JobCost("train", size, [method], len(cfg.experiment.seeds), gpus, work_min, wall, n,
+                   request, attempt, kept, transient, detail, t.steps)
+
+
+def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int | None,
+                    jobs: int) -> JobCost:
+    """A rollout, evaluation or checkpoint-evaluation job: its samples' tokens at the engine's
+    GPUs' throughput (tensor_parallel_size of them under vLLM, the first under hf), plus start-up."""
+    m, rates = cfg.models[size], cfg.cost.of(size)
+    kind = REQUEST_OF.get(rule, rule)
+    section = getattr(cfg, kind)
+    engine_gpus = m.tensor_parallel_size if section.backend == "vllm" else 1
+    if rule == "rollout":
+        samples = section.prompts * section.n
+        tokens = samples * min(rates.response_tokens, section.max_new_tokens)
+        kept = (samples * rates.prompt_tokens + tokens) * cc.ROLLOUT_BYTES_PER_TOKEN
+        what = f"{section.prompts:,} prompts x {section.n}"
+    else:
+        limit_new = section.max_new_tokens
+        if method != "base" and cfg.methods[method].evaluate.max_new_tokens:
+            limit_new = cfg.methods[method].evaluate.max_new_tokens
+        benches = (cfg.evaluate.curve_benchmarks or cfg.experiment.benchmarks
+                   if rule == "evaluate_checkpoint" else cfg.experiment.benchmarks)
+        problems = sum(problems_of(cfg, b) for b in benches)
+        samples = problems * section.n
+        tokens = samples * min(rates.eval_tokens(), limit_new)
+        kept = tokens * cc.SAMPLE_BYTES_PER_TOKEN
+        what = f"{problems:,} problems of {len(benches)} benchmark(s) x {section.n}"
+    gen_s = cc.generation_seconds(tokens, engine_gpus, rates.generation_tokens_per_s)
+    request = cfg.resources.of(kind, size).runtime
+    work = gen_s / 60
+    detail = [f"{what} samples, {approx(tokens / 1e6)}M tokens on {engine_gpus} GPU(s): "
+              f"{hours(work)}"]
+    return JobCost(rule, size, [method] if rule != "rollout" else [], jobs, getattr(m.gpus, kind),
+                   work, work + rates.startup_minutes, 1, request, attempt_minutes(request, limit),
+                   kept, 0.0, detail)
+
+
+def teacher_forcing_cost(cfg: Config, rule: str, size: str, method: str, limit: int | None,
+                         jobs: int, arch=None) -> JobCost:
+    """The token statistics of the base model's rollouts, or their overlap under a trained model:
+    one no-gradient forward over the rollouts' prompt + response tokens on the first GPU."""
+    m, rates, r = cfg.models[size], cfg.cost.of(size), cfg.rollout
+    arch = arch or model_arch(cfg, size)
+    prompt, resp = rates.prompt_tokens, min(rates.response_tokens, r.max_new_tokens)
+    tokens = r.prompts * r.n * (prompt + resp)
+    flops = tokens * cc.forward_flops(arch, cc.mean_context(prompt, resp))
+    work = cc.compute_seconds(flops, 1, rates.gpu_tflops, rates.train_mfu) / 60
+    kept = r.prompts * r.n * resp * cc.TOKEN_ROW_BYTES if rule == "token_stats" else 0.0
+    request = cfg.resources.of("token_stats", size).runtime
+    detail = [f"{approx(tokens / 1e6)}M tokens x {approx(flops / tokens / 1e9)} GFLOP on 1 GPU: "
+              f"{hours(work)}"]
+    return JobCost(rule, size, [] if rule == "token_stats" else [method], jobs,
+                   m.gpus.token_stats, work, work + rates.startup_minutes, 1, request,
+                   attempt_minutes(request, limit), kept, 0.0, detail)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------
+def _merge(rows: list[JobCost]) -> list[JobCost]:
+    """Rows of equal estimates as one, their methods and jobs together, in first-seen order."""
+    out: dict[tuple, JobCost] = {}
+    for row in rows:
+        if (key := row.key()) in out:
+            have = out[key]
+            out[key] = replace(have, methods=have.methods + row.methods, jobs=have.jobs + row.jobs)
+        else:
+            out[key] = row
+    return list(out.values())
+
+
+def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
+              limit_source: str = "") -> CostPlan:
+    """Every GPU job's estimate in the workflow's order, grouped where equal, with the warnings
+    (an estimate over its request, a request over the limit) and the problems (a training that
+    cannot get past its checkpoint interval within one attempt)."""
+    exp = cfg.experiment
+    seeds = len(exp.seeds)
+    rows: list[JobCost] = []
+    for size in exp.sizes:
+        g = cfg.models[size].gpus
+        if not any((g.rollout, g.token_stats, g.train, g.evaluate)):
+            continue
+        arch = model_arch(cfg, size)
+        if g.rollout:
+            rows.append(generation_cost(cfg, "rollout", size, "base", limit, 1))
+        if g.token_stats:
+            rows.append(teacher_forcing_cost(cfg, "token_stats", size, "base", limit, 1, arch))
+        if g.train:
+            rows += _merge([train_cost(cfg, size, m, limit, arch) for m in exp.methods])
+        if g.evaluate:
+            rows += _merge([generation_cost(cfg, "evaluate", size, m, limit, seeds)
+                            for m in ["base", *exp.methods]])
+            steps = {m: len(checkpoint_steps(cfg.train_for(m, size))) for m in exp.methods}
+            rows += _merge([generation_cost(cfg, "evaluate_checkpoint", size, m, limit,
+                                            seeds * steps[m]) for m in exp.methods if steps[m]])
+        if g.token_stats and cfg.token_stats.overlap_top is not None:
+            rows += _merge([teacher_forcing_cost(cfg, "overlap", size, m, limit, seeds, arch)
+                            for m in exp.methods])
+    warnings, problems = [], []
+    where = f" ({limit_source})" if limit_source else ""
+    for r in rows:
+        name = f"{r.rule} {r.size}" + (f" ({', '.join(r.methods)})" if r.methods else "")
+        key = f"resources.{REQUEST_OF.get(r.rule, r.rule)}"
+        if limit is not None and r.request_min > limit:
+            warnings.append(f"{name}: asks for {hours(r.request_min)} ({key}.runtime), more than "
+                            f"the partition's {hours(limit)}{where}: each attempt is capped there")
+        if r.rule != "train" and r.wall_min > r.attempt_min:
+            warnings.append(f"{name}: estimated {hours(r.wall_min)}, more than its walltime of "
+                            f"{hours(r.attempt_min)}: raise {key}.runtime (a resubmission doubles "
+                            f"it, up to the partition's limit)")
+        elif r.rule == "train" and r.attempts is None:
+            problems.append(f"{name}: a checkpoint interval (train.checkpoint_every steps of about "
+                            f"{hours(r.work_min / r.steps)}) and the start-up do not fit "
+                            f"in one attempt of {hours(r.attempt_min)}: it would never get past a "
+                            f"resume state; checkpoint more often or ask for more time")
+        elif r.rule == "train" and r.attempts > 1:
+            warnings.append(f"{name}: estimated {hours(r.work_min)} of work, more than its walltime "
+                            f"of {hours(r.attempt_min)}: about {r.attempts} attempts, resumed "
+                            f"from its checkpoints (the training rule's retries)")
+    return CostPlan(source, rows, limit, limit_source, warnings, problems)
+
+
+def train_retries(cfg: Config, limit: int | None) -> int | None:
+    """The training rule's `retries`: the most attempts any GPU training of the run needs, less
+    one; None where every one fits one attempt (or none runs on GPUs, or a size's dimensions are
+    unknown): the profile's retries then apply."""
+    most = 1
+    for size in cfg.experiment.sizes:
+        if not cfg.models[size].gpus.train:
+            continue
+        arch = model_arch(cfg, size)
+        for method in cfg.experiment.methods:
+            most = max(most, train_cost(cfg, size, method, limit, arch).attempts or 1)
+    return most - 1 if most > 1 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Printing
+# ---------------------------------------------------------------------------------------------
+def assumptions(cfg: Config) -> list[str]:
+    """The `cost` values the plan used, one line per size that changes them."""
+    c = cfg.cost
+
+    def line(r: Cost) -> str:
+        return (f"generation {approx(r.generation_tokens_per_s)} tokens/s per GPU, training "
+                f"{r.train_mfu:g} of {r.gpu_tflops:g} TFLOP/s, responses {r.response_tokens:,} "
+                f"tokens (evaluation {r.eval_tokens():,}), prompts {r.prompt_tokens:,}")
+
+    out = [f"cost: {line(c)}; {c.generation_batches:g} generation batch(es) per step with dynamic "
+           f"sampling; {c.step_overhead_s:g} s per step and {c.startup_minutes:g} min per job beside"]
+    for size in cfg.experiment.sizes:
+        if size in c.sizes:
+            r = c.of(size)
+            out.append(f"cost.sizes.{size}: {line(r)}"
+                       + (f"; {r.generation_batches:g} generation batches per step"
+                          if r.generation_batches != c.generation_batches else ""))
+    return out
+
+
+def render(plan: CostPlan, cfg: Config) -> str:
+    """The plan as text: one row per kind of job with its breakdown, then the totals."""
+    head = (f"{'rule':<20} {'size':<14} {'jobs':>5} {'GPUs':>5} {'work/job':>10} "
+            f"{'attempts x walltime':>20} {'wall/job':>10} {'GPU-h':>8} {'disk':>8}")
+    lines = [f"## cost of {plan.source or 'the config'} (estimates: counted work at the `cost` "
+             f"section's assumed rates)", head, "-" * len(head)]
+    for r in plan.rows:
+        n = "?" if r.attempts is None else str(r.attempts)
+        lines.append(f"{r.rule:<20} {r.size:<14} {r.jobs:>5} {r.gpus:>5} {hours(r.work_min):>10} "
+                     f"{n + ' x ' + hours(r.attempt_min):>20} {hours(r.wall_min):>10} "
+                     f"{approx(r.gpu_hours):>8} {size_of(r.jobs * r.kept_bytes):>8}")
+        if r.methods:
+            lines.append(f"    methods: {', '.join(r.methods)}")
+        lines += [f"    {d}" for d in r.detail]
+    lines += ["", *totals_lines(plan), *[f"assumed: {a}" for a in assumptions(cfg)]]
+    limit = (f"{hours(plan.limit)} ({plan.limit_source})" if plan.limit is not None
+             else "none known (resources.max_runtime, or scontrol where SLURM is installed)")
+    lines.append(f"partition limit per attempt: {limit}")
+    return "\n".join(lines) + "\n"
+
+
+def totals_lines(plan: CostPlan) -> list[str]:
+    return [f"total: {plan.jobs:,} GPU jobs, about {approx(plan.gpu_hours)} GPU-hours "
+            f"(one attempt of every job at its request: {approx(plan.requested_gpu_hours)}); "
+            f"longest chain of jobs about {hours(plan.chain_min())} (a GPU for every job, no "
+            f"queueing)",
+            f"disk: about {size_of(plan.kept_bytes)} kept (Hugging Face checkpoints, rollouts, "
+            f"token statistics, samples), and resume states of up to {size_of(plan.transient_bytes)}"
+            f" while the trainings run (each removed at its end)"]
+
+
+def summary_table(plans: list[CostPlan]) -> str:
+    """The reproductions' totals as one Markdown table (README and docs/cluster.md print it)."""
+    rows = [["configuration", "GPU jobs", "GPU-hours (est.)", "GPU-hours requested (one attempt "
+             "each)", "longest chain (est.)", "disk kept (est.)", "resume states (all at once)"]]
+    rows.append(["---"] * len(rows[0]))
+    for p in plans:  # the requests are the config's own numbers, not estimates: exact
+        rows.append([f"`{p.source}`", f"{p.jobs:,}", approx(p.gpu_hours),
+                     f"{p.requested_gpu_hours:,.0f}", hours(p.chain_min()), size_of(p.kept_bytes),
+                     size_of(p.transient_bytes)])
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def train_table(plans: list[CostPlan]) -> str:
+    """Each training's estimate as one Markdown table: its work and the attempts it needs."""
+    rows = [["configuration", "size", "methods × seeds", "GPUs", "work per training (est.)",
+             "attempts × walltime"], ["---"] * 6]
+    for p in plans:
+        for r in p.rows:
+            if r.rule != "train":
+                continue
+            n = "never finishes" if r.attempts is None else f"{r.attempts} × {hours(r.attempt_min)}"
+            rows.append([f"`{p.source}`", r.size, f"{', '.join(r.methods)} × "
+                         f"{r.jobs // len(r.methods)}", str(r.gpus), hours(r.work_min), n])
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def docs_plans(root) -> list[CostPlan]:
+    """The two reproductions' plans as the docs print them: the committed configs, no partition
+    limit but their own (scripts/regen_plan_docs.py; tests/test_docs.py)."""
+    from .config import load_config
+
+    out = []
+    for name in ("config/paper.yaml", "config/beyond-80-20.yaml"):
+        cfg = load_config(root / name)
+        limit, source = runtime_limit(cfg, query=False)
+        out.append(cost_plan(cfg, name, limit, source))
+    return out
+
