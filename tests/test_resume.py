@@ -157,3 +157,36 @@ def test_differences_name_each_dotted_key():
         "train.lr: 0.001 in the resume state, 0.003 now",
     ]
     assert differences(saved, saved) == []
+
+
+def test_save_triggers_follow_the_wall_clock_and_the_signal(test_raw, monkeypatch):
+    """SaveTriggers on one process: the minutes since the last save (a fake clock) and SIGURG
+    sent to this process, each until the next save."""
+    import os
+    import signal
+    import types
+
+    from stages.core import resume
+
+    clock = [1000.0]
+    monkeypatch.setattr(resume.time, "monotonic", lambda: clock[0])
+    previous = signal.getsignal(resume.SAVE_SIGNAL)
+    job = types.SimpleNamespace(rank=0, world=1)
+    raw = copy.deepcopy(test_raw)
+    raw["train"]["checkpoint_every_minutes"] = 2.0
+    try:
+        triggers = resume.SaveTriggers(validate(raw, "t.yaml").train)
+        clock[0] += 119.0
+        assert triggers.poll(job) == (False, False)
+        clock[0] += 1.0
+        assert triggers.poll(job) == (True, False)
+        triggers.saved()
+        assert triggers.poll(job) == (False, False)
+        os.kill(os.getpid(), resume.SAVE_SIGNAL)
+        assert triggers.poll(job) == (False, True)
+        # no minutes: steps and the signal only
+        off = resume.SaveTriggers(validate(test_raw, "t.yaml").train)
+        clock[0] += 1e6
+        assert off.poll(job) == (False, False)
+    finally:
+        signal.signal(resume.SAVE_SIGNAL, previous)

@@ -516,14 +516,21 @@ def check_loggers(out, metrics: pl.DataFrame, saved: int) -> None:
         assert row["train/entropy_mean"] == pytest.approx(metrics["entropy_mean"][step], rel=1e-12)
 
 
+@pytest.fixture(scope="module")
+def whole(job):
+    """The job's training uninterrupted, in d/a: its metrics."""
+    d, _ = job
+    proc = run_stage("train", *cli_args(d, "a"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return pl.read_parquet(d / "a" / "metrics.parquet")
+
+
 @pytest.mark.slow
-def test_killed_run_resumes_through_operational_edits_to_the_same_metrics_and_weights(job):
+def test_killed_run_resumes_through_operational_edits_to_the_same_metrics_and_weights(job, whole):
     import shutil
 
     d, raw = job
-    whole = run_stage("train", *cli_args(d, "a"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    metrics = pl.read_parquet(d / "a" / "metrics.parquet")
+    metrics = whole
     assert metrics["step"].to_list() == list(range(6))
     assert set(metrics.columns) == set(train.METRICS_SCHEMA.names)
     assert (metrics["grad_norm"] > 0).any(), "no learning signal: the test would prove nothing"
@@ -598,6 +605,51 @@ def test_killed_run_resumes_through_operational_edits_to_the_same_metrics_and_we
             assert [v is None for v in got] == [v is None for v in want], column
             assert [v for v in got if v is not None] == pytest.approx(
                 [v for v in want if v is not None], rel=1e-3, abs=1e-4), column
+
+
+@pytest.mark.slow
+def test_sigurg_saves_and_exits_and_the_minutes_cadence_saves_between_step_checkpoints(job, whole):
+    """SLURM's signal before the time limit, sent by hand: the job saves at the next step boundary
+    and exits with status 75; the resumed attempt, with no step checkpoint due
+    (checkpoint_every 100) but checkpoint_every_minutes tiny, saves at its step boundaries (seen
+    by a SIGKILL after one); the third attempt ends with the uninterrupted run's metrics."""
+    from stages.core.resume import EXIT_RESUBMIT, SAVE_SIGNAL
+
+    d, raw = job
+    config = edited(raw, "sig", d, {"train": {"checkpoint_every": 100}})
+    state, live = d / "s-resume" / "state.json", d / "s" / "metrics.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "stages.train", *cli_args(d, "s", config=config)]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not live_rows(live) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first.send_signal(SAVE_SIGNAL)  # its handler is in place: a step has ended
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == EXIT_RESUBMIT, err[-3000:]
+    saved = json.loads(state.read_text())["step"]
+    assert 1 <= saved < 6 and len(live_rows(live)) == saved
+    assert f"SIGURG (time limit near): resume state saved after step {saved} of 6" in err
+
+    timed = edited(raw, "timed", d, {"train": {"checkpoint_every": 100,
+                                               "checkpoint_every_minutes": 1e-6}})
+    cmd = [sys.executable, "-m", "stages.train", *cli_args(d, "s", config=timed)]
+    second = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    while (json.loads(state.read_text())["step"] == saved and second.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    second.send_signal(signal.SIGKILL)
+    second.wait()
+    again = json.loads(state.read_text())["step"]
+    assert saved < again < 6, (saved, again)  # a state no step checkpoint would have written
+
+    third = run_stage("train", *cli_args(d, "s", config=config))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"at step {again}" in third.stderr
+    keep = [c for c in whole.columns if c not in train.TIME_COLUMNS]
+    assert pl.read_parquet(d / "s" / "metrics.parquet").select(keep).equals(whole.select(keep))
 
 
 def test_unknown_method_is_a_clear_cli_error(job):
