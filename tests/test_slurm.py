@@ -425,8 +425,7 @@ def runs(slurm_cluster, tmp_path_factory, request):
         yield {"cfg": cfg, "env": env, "slurm_wd": slurm_wd, "local_wd": local_wd, "jobs": jobs,
                "expected": job_counts(local_out), "scontrol": scontrol_jobs(), "training": training}
     finally:
-        kills = training.get("kills", {}).get("runs", {})
-        for run in [*training.get("runs", {}).values(), *kills.values()]:  # if no test waited
+        for run in training.get("runs", {}).values():  # stopped here if no test waited for them
             if run["proc"].poll() is None:
                 run["proc"].terminate()
                 run["proc"].wait(timeout=30)
@@ -505,8 +504,7 @@ def start_training_runs(local_wd: Path, cfg_path: str, env: dict[str, str], base
                               fast_polling=name != "local"),
                 cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
         runs[name] = {"wd": wd, "log": log, "proc": proc}
-    return {"target": target, "runs": runs, "started": time.monotonic(),
-            "kills": start_walltime_kills(local_wd, raw, env, base)}
+    return {"target": target, "runs": runs, "started": time.monotonic()}
 
 
 # ----- three walltime kills in a row -------------------------------------------------------------
@@ -649,16 +647,37 @@ def kill_attempts(wd: Path, proc: subprocess.Popen, target: str, kills: list[dic
 
 
 @pytest.fixture(scope="module")
-def walltime_kills(runs):
-    """The finished three-kill run and its uninterrupted twin."""
-    kills = runs["training"]["kills"]
-    for run in kills["runs"].values():
-        run["proc"].wait(timeout=KILLS_TIMEOUT_S + 30)
-        run["out"] = run["log"].read_text()
-    kills["controller"].join(timeout=30)
-    print(f"\nthree-kill training done {time.monotonic() - runs['training']['started']:.0f} s "
-          f"after the training runs started: {kills['kills']}")
-    return kills
+def walltime_kills(slurm_cluster, tmp_path_factory):
+    """The finished three-kill run and its uninterrupted twin, from the training's inputs made
+    locally first (prepare_data and base_model alone: `--omit-from train`), so that this test
+    needs no other test's runs and can run alone (`-k walltime_kills`)."""
+    cfg = ROOT / "config" / "test.yaml"
+    raw = yaml.safe_load(cfg.read_text())
+    env = workflow_env(SBATCH_PARTITION=PARTITION, ICT_GPU_PARTITION=GPU_PARTITION)
+    base = tmp_path_factory.mktemp("walltime-kills")
+    inputs = base / "inputs"
+    inputs.mkdir()
+    method, seed = raw["experiment"]["methods"][0], raw["experiment"]["seeds"][0]
+    target = f"results/test/train/size=tiny-s/method={method}/seed={seed}/model.json"
+    made = subprocess.run(snakemake_cmd(inputs, target, "--cores", "2", "--configfile", str(cfg),
+                                        "--omit-from", "train"),
+                          cwd=inputs, env=env, capture_output=True, text=True)
+    assert made.returncode == 0, (made.stdout + made.stderr)[-4000:]
+    started = time.monotonic()
+    kills = start_walltime_kills(inputs, raw, env, base)
+    try:
+        for run in kills["runs"].values():
+            run["proc"].wait(timeout=KILLS_TIMEOUT_S + 30)
+            run["out"] = run["log"].read_text()
+        kills["controller"].join(timeout=30)
+        print(f"\nthree-kill training done after {time.monotonic() - started:.0f} s: "
+              f"{kills['kills']}")
+        yield kills
+    finally:
+        for run in kills["runs"].values():
+            if run["proc"].poll() is None:
+                run["proc"].terminate()
+                run["proc"].wait(timeout=30)
 
 
 @pytest.mark.slow
