@@ -512,9 +512,13 @@ def test_virtual_micro_batches_are_verls_on_one_process(test_raw):
     updates, trained, layout = train.train_step(0, engine, roll, cfg.methods["top"], cfg, CPU, 0, PAD, None)
     assert layout.counts == result["top"]["counts"] and len(updates) == 2
     assert sorted(map(tuple, trained.response_ids)) == sorted(map(tuple, r_ids))
-    row = train.step_metrics(0, rollouts.Sampled(responses=32, tokens=1), trained, updates, CPU, 1.0,
-                             kl_on=False, layout=layout)
+    row = train.step_metrics(0, rollouts.Sampled(responses=32, tokens=1, cut=8), trained, updates,
+                             CPU, 1.0, kl_on=False, layout=layout,
+                             phases={"generation": 0.5, "training": 0.25})
     assert row["virtual_micro_batches"] == sum(layout.counts) and row["skipped_steps"] == 0
+    # 8 of the 32 responses cut at the length limit; the phases timed, the others 0
+    assert row["length_limit_fraction"] == 0.25
+    assert (row["time_generation_s"], row["time_training_s"], row["time_weight_sync_s"]) == (0.5, 0.25, 0.0)
     lengths = [len(p) + len(r) for p, r in zip(p_ids, r_ids, strict=True)]
     assert row["global_seqlen_mean"] == sum(lengths) / 8
     assert row["global_seqlen_balanced_max"] <= row["global_seqlen_max"]
