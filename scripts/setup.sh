@@ -49,7 +49,7 @@ PY
 # The GPU environment resolves from PyPI alone (--isolated: no local wheel folders or mirrors),
 # whose torch 2.13.0 for Linux x86_64 is the CUDA 13 build; a CPU build would satisfy vLLM's
 # torch==2.13.0 pin just as well, so the build is checked after installing.
-GPU_PACKAGES=("torch==2.13.0" -e '.[gpu]')
+GPU_PACKAGES=("torch==2.13.0" -e '.[gpu,tensorboard,wandb]')  # the loggers of train.loggers too
 if [ "$MODE" = "--gpu-dry-run" ]; then
   # From a bare environment of its own, never .venv: CI runs this beside the test command, whose
   # own set-up may be reinstalling the project into .venv at the same moment.

@@ -22,6 +22,7 @@ from . import cli
 from .config import Config, ConfigError
 from .core.io import atomic_dir, provenance, read_parquet, write_json, write_parquet
 from .core.problems import PROBLEM_SCHEMA
+from .keys import base_model_config_keys, result_hash
 
 STAGE_VERSION = "1"
 RESOLVED_CONFIG = "ict_rlvr_config.json"
@@ -90,7 +91,7 @@ def build_scratch(cfg: Config, size: str, sft_path: str, eval_path: str, out_dir
         "accuracy_sampled": sampled,
         "accuracy_greedy": greedy,
     }
-    prov = provenance("base_model", STAGE_VERSION, cfg.section_hash(f"models/{size}", "seed"),
+    prov = provenance("base_model", STAGE_VERSION, result_hash(cfg, *base_model_config_keys(size)),
                       seed, size=size)
     with atomic_dir(out_dir / "checkpoint") as tmp:
         model.save_pretrained(tmp)
@@ -118,7 +119,7 @@ def build_gguf(cfg: Config, size: str, out_dir: Path) -> dict:
     sha256 = sha256_file(path)
     source = {"package": spec.package, "distribution": dist, "version": version,
               "file": spec.file, "sha256": sha256}
-    prov = provenance("base_model", STAGE_VERSION, cfg.section_hash(f"models/{size}", "seed"),
+    prov = provenance("base_model", STAGE_VERSION, result_hash(cfg, *base_model_config_keys(size)),
                       cfg.seed, size=size, gguf=source)
     start = time.perf_counter()
     with atomic_dir(out_dir / "checkpoint") as tmp:

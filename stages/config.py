@@ -546,6 +546,20 @@ class Train(Strict):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa", description="the policy's attention kernel (transformers attn_implementation)")
     checkpoint_every: int = Field(10, gt=0, description="resume checkpoint every N steps")
+    checkpoint_every_minutes: float | None = Field(
+        None, gt=0, description="also write a resume state at the first step boundary once this "
+        "much wall time has passed since the last one (the job's rank 0 decides for all; None: by "
+        "steps only)")
+    save_before_limit_minutes: float | None = Field(
+        10.0, gt=0, le=1092, description="SLURM: ask for SIGURG this long before the training "
+        "job's time limit (sbatch --signal=URG@<seconds>); at the next step boundary the job writes "
+        "a resume state and exits (status 75), and the profile's retries resubmit it to resume "
+        "there. Set it above one step's time plus a save (None: no signal)")
+    loggers: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="where each step's metrics go besides metrics.jsonl: "
+        "tensorboard (event files in <out>/tensorboard), wandb (offline mode unless WANDB_MODE "
+        "says otherwise, in <out>/wandb); each an optional extra (pip install -e "
+        "'.[tensorboard,wandb]'); a resumed job continues the same runs")
     virtual_layout: VirtualLayout | None = Field(
         None, description="the released 80/20 code's layout (verl's ranks, sequence parallelism, "
         "token budget), whose micro-batches the methods with selection_scope: microbatch select "

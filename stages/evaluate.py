@@ -31,7 +31,10 @@ from .config import Config, ConfigError
 from .core.io import ArtifactError, provenance, read_parquet, write_parquet
 from .core.metrics import Estimate, bootstrap_ci, summarise
 from .core.problems import PROBLEM_SCHEMA
-from .keys import EVALUATE_KEYS  # noqa: F401  (re-exported)
+from .keys import (
+    EVALUATE_KEYS,  # noqa: F401  (re-exported)
+    result_hash,
+)
 from .keys import evaluate_config_keys as config_keys
 
 STAGE_VERSION = "2"
@@ -198,7 +201,7 @@ def main(args, cfg: Config) -> None:
                                                       extracted=pl.Series(found, dtype=pl.String)),
                                    ev.k, ev.bootstrap, seed, grader=name)
         prov = provenance("evaluate", STAGE_VERSION,
-                          cfg.section_hash(*config_keys(args.size, bench, args.method)),
+                          result_hash(cfg, *config_keys(args.size, bench, args.method)),
                           seed, size=args.size, method=args.method, run_seed=args.seed, bench=bench,
                           backend=ev.backend, model=str(args.model), model_ref=model_ref)
         write_parquet(table, out / "samples.parquet", SAMPLE_SCHEMA, prov)

@@ -1,14 +1,139 @@
-"""What each stage's job reads of the config, and where training saves its checkpoints: the
-workflow parses its rules with these (each rule hashes the keys its stage reads), so this module
-imports nothing heavier than the config (no torch): a dry run and every SLURM job's own Snakemake
-parse stay fast. The stage modules re-export them under their old names."""
+"""What each stage's job reads of the config, split into what its results depend on and how it
+runs, and where training saves its checkpoints.
+
+The workflow parses its rules with these (each rule hashes the result keys its stage reads, and a
+changed hash reruns the job), and the stages record the same hash in their outputs' provenance
+and, for training, in the resume state: so an operational edit — a memory share after an
+out-of-memory error, a checkpoint cadence, more sampling rounds, a label, a logger, the physical
+micro-batch size, the GPUs of a job — neither reruns a finished job nor throws away a resume
+state. This module imports nothing heavier than the config (no torch): a dry run and every SLURM
+job's own Snakemake parse stay fast. The stage modules re-export them under their old names.
+"""
 
 from __future__ import annotations
 
-from .config import Config, Train
+from typing import Any
+
+from .config import Config, Train, digest
 
 EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
                  "grade_timeout_s", "batch_size", "graders", "batch_invariant", "engine_kwargs")
+
+# ----- operational keys: how a job runs, not what it computes ------------------------------------
+TRAIN_OPERATIONAL: dict[str, str] = {
+    "vllm_gpu_memory_utilization": "the memory share of the training job's vLLM engine",
+    "checkpoint_every": "how often a resume state is written (steps)",
+    "checkpoint_every_minutes": "how often a resume state is written (wall time)",
+    "save_before_limit_minutes": "when SLURM signals the job to save before its time limit",
+    "loggers": "where the per-step metrics are sent besides metrics.jsonl",
+    "max_sampling_rounds": "the generation batches a step may sample before dynamic sampling "
+                           "stops the run (with dynamic_sampling_pool 'rank' it decides a short "
+                           "step's groups: a result key there)",
+    "micro_batch_size": "the physical forwards: selection and loss weights are made over the "
+                        "whole mini-batch (or train.virtual_layout's micro-batches), so only the "
+                        "float rounding of the summed gradients changes (tests/test_resume.py)",
+    "micro_batch_tokens": "the physical forwards, as micro_batch_size",
+    "gradient_checkpointing": "recomputes activations in the backward pass: the same gradients",
+    "generation_batch_size": "the hf backend's generate() batches: each sequence has its own "
+                             "seeded stream, so the samples stay as they are (the sampler's own "
+                             "log-probs move by float rounding)",
+}
+"""Keys of the training section (train, models.<size>.train, methods.<m>.train) that no trained
+result depends on, with why."""
+
+MODEL_OPERATIONAL: dict[str, str] = {
+    "gpus": "resources (GPUs per job)",
+    "gpu_memory_gb": "the memory plan's check",
+    "label": "names in tables (the tables job hashes it)",
+    "train_nodes": "resources (nodes of the training job)",
+    "gpus_per_node": "resources",
+    "train_processes": "resources (CPU processes of the training job)",
+    "train_tensor_parallel_size": "the layout of the training job's vLLM engines",
+}
+"""Keys of models.<size> that no stage's result depends on (the world size of a training job
+included: its mini-batches, prompts and seeds do not depend on it, only the float rounding of its
+reductions; a resume state moves to another world size through a universal checkpoint), with
+why. Under dynamic_sampling_pool 'rank' each rank fills its own slots, so the world size then is
+a result key of training (train_result_config)."""
+
+METHOD_OPERATIONAL: dict[str, str] = {
+    "label": "names in tables (the tables job hashes it)",
+    "paper_row": "the reported numbers printed beside ours (tables)",
+    "evaluate": "the evaluation of its models (the evaluation jobs hash it)",
+}
+"""Keys of methods.<m> that the training does not read, with why."""
+
+ENGINE_OPERATIONAL: dict[str, str] = {
+    **dict.fromkeys(("gpu_memory_utilization", "kv_cache_memory_bytes", "cpu_offload_gb",
+                     "num_gpu_blocks_override"), "memory of the engine"),
+    **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                     "enable_prefix_caching"), "scheduling of the engine's batches"),
+    **dict.fromkeys(("enforce_eager", "cudagraph_capture_sizes", "max_cudagraph_capture_size"),
+                    "eager kernels or CUDA graphs of the same kernels"),
+    "disable_log_stats": "logging",
+}
+"""vLLM engine arguments (engine_kwargs of every stage) that leave the distribution the engine
+samples from as it is. Without batch_invariant a vLLM sample already depends on which requests
+share its batch (docs/cluster.md), so these change nothing that was reproducible; with it, they
+change none of a request's outputs."""
+
+
+def _without(section: dict, keys) -> dict:
+    return {k: v for k, v in section.items() if k not in keys}
+
+
+def engine_result(kwargs: dict) -> dict:
+    """engine_kwargs without the operational engine arguments."""
+    return _without(kwargs, ENGINE_OPERATIONAL)
+
+
+def train_section_result(section: dict) -> dict:
+    """A training section (whole or partial) without its operational keys; its engine_kwargs
+    without the operational engine arguments."""
+    out = _without(section, TRAIN_OPERATIONAL)
+    if "engine_kwargs" in out:
+        out["engine_kwargs"] = engine_result(out["engine_kwargs"])
+    return out
+
+
+def model_result(model: dict) -> dict:
+    """models.<size> without its operational keys (its `train` changes without theirs)."""
+    out = _without(model, MODEL_OPERATIONAL)
+    if "train" in out:
+        out["train"] = train_section_result(out["train"])
+    return out
+
+
+def result_value(cfg: Config, path: str) -> Any:
+    """The config at `path` ('models/qwen2.5-7b', 'rollout', 'evaluate/engine_kwargs') as a job's
+    results see it: operational keys of a model, a training section and engine arguments left
+    out (a path to a single value is kept as it is)."""
+    value: Any = cfg.model_dump(mode="json")
+    for part in path.split("/"):
+        value = value[part]
+    parts = path.split("/")
+    if parts[0] == "models" and len(parts) == 2:
+        return model_result(value)
+    if parts[-1] == "engine_kwargs":
+        return engine_result(value)
+    if parts in (["rollout"], ["evaluate"]):
+        return {**value, "engine_kwargs": engine_result(value["engine_kwargs"])}
+    if parts == ["train"] or (len(parts) == 3 and parts[0] in ("models", "methods")
+                              and parts[2] == "train"):
+        return train_section_result(value)
+    return value
+
+
+def result_hash(cfg: Config, *paths: str) -> str:
+    """The hash of the result keys under `paths` (each rule's config_hash, each output's
+    provenance)."""
+    return digest({p: result_value(cfg, p) for p in paths})
+
+
+# ----- the stages --------------------------------------------------------------------------------
+def base_model_config_keys(size: str) -> tuple[str, ...]:
+    """The parts of the config the base-model stage reads (its rule hashes the same ones)."""
+    return (f"models/{size}", "seed")
 
 
 def rollout_config_keys(cfg: Config, size: str) -> tuple[str, ...]:
@@ -18,13 +143,88 @@ def rollout_config_keys(cfg: Config, size: str) -> tuple[str, ...]:
             *(f"datasets/{d}/grader" for d in cfg.experiment.train_datasets))
 
 
-def train_config_keys(cfg: Config, size: str, method: str) -> tuple[str, ...]:
-    """The parts of the config this stage reads (rule train's config_hash lists the same): the
-    token-statistics chunking, not the token-statistics stage's own keys."""
-    return ("train", f"methods/{method}", f"models/{size}", "seed", "token_stats/chunk_positions",
-            "token_stats/chunk_vocab", "evaluate/grade_timeout_s", "experiment/train_datasets",
-            *(f"datasets/{d}/{key}" for d in cfg.experiment.train_datasets
-              for key in ("max_response_tokens", "grader")))
+REPORTED = {"entropy20": "entropy_top", "stapo": "stapo", "ict": "ict"}
+"""The three selectors the token-statistics stage reports, by the column they fill."""
+
+
+def selector_params(cfg: Config, selector: str) -> dict:
+    """Parameters of the first experiment method that uses `selector`, else the defaults of the
+    selector's registered parameter model (METHODS §3)."""
+    from .core.selectors import spec_of
+
+    for name in cfg.experiment.methods:
+        if cfg.methods[name].selector == selector:
+            return cfg.methods[name].selector_params()
+    return spec_of(selector).validate({}).model_dump()
+
+
+def reported_params(cfg: Config) -> dict[str, dict]:
+    """The parameters of each reported selector, by column."""
+    return {col: selector_params(cfg, sel) for col, sel in REPORTED.items()}
+
+
+def token_stats_config_hash(cfg: Config, size: str) -> str:
+    """What the token-statistics stage's results depend on: the rollouts' settings, its own
+    section, the size's model and the seed, and of the methods only the parameters of the three
+    selectors it reports (reported_params): a method added to the run reruns it only when it is
+    the first of its selector with other parameters than the one it replaces."""
+    return digest({**{p: result_value(cfg, p) for p in ("rollout", "token_stats",
+                                                        f"models/{size}", "seed")},
+                   "reported_params": reported_params(cfg)})
+
+
+def train_result_config(cfg: Config, size: str, method: str) -> dict:
+    """What a training job's results depend on: its training section (train, then
+    models.<size>.train, then methods.<m>.train applied) without the operational keys, the
+    method's selector, parameters and warm-up, the size's model but for its resources, the seed,
+    the scorer's chunking, the grader's timeout and the training datasets' limits and graders.
+
+    The training job's rule hashes it, its outputs' provenance records the hash, and a resume
+    state keeps it whole, so a refused resume names the keys that differ."""
+    job = cfg.train_for(method, size)
+    section = train_section_result(job.model_dump(mode="json"))
+    model = cfg.models[size]
+    if job.dynamic_sampling and job.dynamic_sampling_pool == "rank":
+        # each rank fills its own slots and a short step trains as many groups as the rank with
+        # fewest: which groups train depends on the ranks and on the rounds allowed
+        section["max_sampling_rounds"] = job.max_sampling_rounds
+        section["data_parallel_ranks"] = model.train_world() // job.sequence_parallel
+    return {
+        "train": section,
+        "method": _without(cfg.methods[method].model_dump(mode="json"),
+                           {*METHOD_OPERATIONAL, "train"}),  # its train changes are in `train`
+        "model": _without(model_result(model.model_dump(mode="json")),
+                          {"train", "tensor_parallel_size"}),  # the rollout/evaluation engines'
+        "seed": cfg.seed,
+        "token_stats": {"chunk_positions": cfg.token_stats.chunk_positions,
+                        "chunk_vocab": cfg.token_stats.chunk_vocab},
+        "grade_timeout_s": cfg.evaluate.grade_timeout_s,
+        "train_datasets": {d: {"max_response_tokens": cfg.datasets[d].max_response_tokens,
+                               "grader": cfg.datasets[d].grader}
+                           for d in cfg.experiment.train_datasets},
+    }
+
+
+def train_config_hash(cfg: Config, size: str, method: str) -> str:
+    """The hash of train_result_config: rule train's config_hash and the outputs' provenance."""
+    return digest(train_result_config(cfg, size, method))
+
+
+def differences(saved: Any, current: Any, where: str = "") -> list[str]:
+    """The dotted keys at which two JSON values differ, with both values ('train.lr: 0.001 in
+    the resume state, 0.003 now')."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current), key=str):
+            name = f"{where}.{key}" if where else str(key)
+            if key not in saved:
+                out.append(f"{name}: absent in the resume state, {current[key]!r} now")
+            elif key not in current:
+                out.append(f"{name}: {saved[key]!r} in the resume state, absent now")
+            else:
+                out += differences(saved[key], current[key], name)
+        return out
+    return [] if saved == current else [f"{where}: {saved!r} in the resume state, {current!r} now"]
 
 
 def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[str, ...]:
@@ -40,7 +240,7 @@ def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[s
 
 def overlap_config_keys(size: str) -> tuple[str, ...]:
     """The parts of the config this stage reads (its rule hashes the same ones)."""
-    return ("rollout/temperature", "token_stats", f"models/{size}/label", "seed")
+    return ("rollout/temperature", "token_stats", "seed")
 
 
 def checkpoint_name(step: int) -> str:
@@ -53,3 +253,13 @@ def checkpoint_steps(tcfg: Train) -> list[int]:
     if not tcfg.save_every:
         return []
     return list(range(tcfg.save_every, tcfg.steps, tcfg.save_every))
+
+
+def save_signal_option(tcfg: Train) -> str | None:
+    """The sbatch option of a training job that asks SLURM for SIGURG
+    train.save_before_limit_minutes before its time limit (whole seconds, at most 65535): the
+    trainer then writes a resume state at the next step boundary and exits, to be resubmitted
+    (stages.core.resume says why this signal). None when the key is None."""
+    if tcfg.save_before_limit_minutes is None:
+        return None
+    return f"--signal=URG@{min(65535, round(60 * tcfg.save_before_limit_minutes))}"

@@ -30,6 +30,7 @@ from .core.modeling import load_model_and_tokenizer
 from .core.scoring import stream_statistics
 from .core.selectors import count, top_k_first
 from .keys import overlap_config_keys as config_keys
+from .keys import result_hash
 from .rollout import ROLLOUT_SCHEMA
 
 STAGE_VERSION = "1"
@@ -106,7 +107,7 @@ def main(args, cfg: Config) -> None:
     base = torch.tensor(tokens["entropy"].to_numpy(), dtype=torch.float32)
     trained = trained_entropy(cfg, args.model, frame)
     row = overlap_row(base, trained, rho)
-    prov = provenance("overlap", STAGE_VERSION, cfg.section_hash(*config_keys(args.size)), cfg.seed,
+    prov = provenance("overlap", STAGE_VERSION, result_hash(cfg, *config_keys(args.size)), cfg.seed,
                       size=args.size, method=args.method, run_seed=args.seed, model=str(args.model))
     write_parquet([row], args.out, OVERLAP_SCHEMA, prov)
     cli.log.info("%s/%s seed %d: top-%g entropy positions overlap %.1f%% (Jaccard %.3f) of %d",

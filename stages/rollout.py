@@ -18,6 +18,7 @@ from .core.backends import SamplingSettings, generate
 from .core.grading import grade_many
 from .core.io import provenance, read_parquet, write_parquet
 from .core.problems import PROBLEM_SCHEMA
+from .keys import result_hash
 from .keys import rollout_config_keys as config_keys
 
 STAGE_VERSION = "2"
@@ -97,7 +98,7 @@ def main(args, cfg: Config) -> None:
             "reward": g.score if g.score is not None else (right if g.correct else wrong),
         })
     prov = provenance("rollout", STAGE_VERSION,
-                      cfg.section_hash(*config_keys(cfg, args.size)),
+                      result_hash(cfg, *config_keys(cfg, args.size)),
                       cfg.seed, size=args.size, backend=r.backend)
     write_parquet(rows, args.out, ROLLOUT_SCHEMA, prov)
     acc = sum(row["correct"] for row in rows) / len(rows)

@@ -70,13 +70,11 @@ from .core.selectors import (
     valid_grid,
 )
 from .core.stats import CEILING_RTOL, REFERENCE_FIELDS, at_ceiling, diverged_positions
+from .keys import REPORTED, reported_params, selector_params, token_stats_config_hash  # noqa: F401  (re-exported)
 from .rollout import ROLLOUT_SCHEMA
 
 STAGE_VERSION = "5"
 
-# The three selectors the stage reports, by the column they fill; parameters are those of the
-# first experiment method using that selector, else the selector's registered defaults.
-REPORTED = {"entropy20": "entropy_top", "stapo": "stapo", "ict": "ict"}
 TOP_TOKENS = 20
 # The readings of ICT's reference beside the paper's rule (ours, never ICT), by variant: the
 # statistic each ranks by (its u column: u_<statistic without _jsd>).
@@ -173,20 +171,6 @@ READINGS_SCHEMA = pa.schema(
         pa.field("reported_source", pa.string(), nullable=True),
     ]
 )
-
-
-def selector_params(cfg: Config, selector: str) -> dict:
-    """Parameters of the first experiment method that uses `selector`, else the defaults of the
-    selector's registered parameter model (METHODS §3)."""
-    for name in cfg.experiment.methods:
-        if cfg.methods[name].selector == selector:
-            return cfg.methods[name].selector_params()
-    return spec_of(selector).validate({}).model_dump()
-
-
-def reported_params(cfg: Config) -> dict[str, dict]:
-    """The parameters of each reported selector, by column."""
-    return {col: selector_params(cfg, sel) for col, sel in REPORTED.items()}
 
 
 def reported_needs(params: dict[str, dict]) -> dict[str, frozenset[str]]:
@@ -584,8 +568,7 @@ def main(args, cfg: Config) -> None:
     table, summary = compute(cfg, model, tokenizer, frame)
     out_dir = Path(args.out_dir)
     prov = provenance("token_stats", STAGE_VERSION,
-                      cfg.section_hash("rollout", "token_stats", "methods", "experiment/methods",
-                                       f"models/{args.size}", "seed"),
+                      token_stats_config_hash(cfg, args.size),
                       cfg.seed, size=args.size)
     figures(cfg, args.size, table, summary, out_dir, vocab_size)
     write_parquet(table, out_dir / "tokens.parquet", TOKEN_SCHEMA, prov)

@@ -44,9 +44,15 @@ within the group. `train.padding_free`: a micro-batch is one row of its sequence
 (position ids from 0 in each), costing its tokens against `micro_batch_tokens`.
 Outputs in --out-dir: `final/` (Hugging Face layout, tokenizer, resolved config), `metrics.parquet`
 (one row per step), `summary.json`, and `model.json` last ({"kind": "scratch", "path": "final"}).
-Every `checkpoint_every` steps the DeepSpeed state goes to --resume-dir, a folder Snakemake does
-not delete; the same command continues from it and reaches the same final metrics. It is
-removed once the outputs are written.
+While it runs: `metrics.jsonl`, each step's row as the step ends, and train.loggers' TensorBoard
+and W&B runs (stages.core.live); a log line per step.
+Resume states go to --resume-dir, a folder Snakemake does not delete: every `checkpoint_every`
+steps, every `checkpoint_every_minutes`, and on SIGURG (SLURM's signal before the time limit),
+after which the job exits with status 75 to be resubmitted (stages.core.resume). The same command
+continues from the last one and reaches the same final metrics, also after operational edits of
+the config (stages.keys), and on another number of processes through a universal checkpoint; a
+changed result key is refused by name. The `save_every` checkpoints wait there too, and move to
+--out-dir at the end; the folder is removed once the outputs are written.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -85,8 +92,10 @@ from .core.io import (
     write_json,
     write_parquet,
 )
+from .core.live import LiveMetrics
 from .core.policy import full_state_dict
 from .core.problems import PROBLEM_SCHEMA
+from .core.resume import EXIT_RESUBMIT, SaveTriggers, check_universal, convert_to_universal
 from .core.rollouts import (
     PromptPool,
     Rollouts,
@@ -99,16 +108,24 @@ from .core.rollouts import (
 )
 from .core.scorer import Chunks, score_scope
 from .core.selectors import STATISTICS
-from .keys import checkpoint_name, checkpoint_steps  # noqa: F401  (re-exported)
-from .keys import train_config_keys as config_keys
+from .keys import (  # noqa: F401  (re-exported)
+    checkpoint_name,
+    checkpoint_steps,
+    differences,
+    train_config_hash,
+    train_result_config,
+)
 
 __all__ = ["main"]
 
-STAGE_VERSION = "4"  # 4: verl's micro-batches, skipped steps (resume states of 3 lack their metrics)
+STAGE_VERSION = "5"  # 5: phase times, the length-limit share, the resume record (states of 4 lack them)
 STATE_FILE = "state.json"
 
 SEQLEN_STATS = ("min", "max", "minmax_diff", "balanced_min", "balanced_max", "mean")
 """verl's global_seqlen/* (stages.core.batching.balance_stats)."""
+PHASES = ("generation", "reward", "scoring", "training", "weight_sync")
+"""The parts of a step timed (verl's timing_s/gen, reward, old_log_prob, update_actor,
+update_weights): the time_<phase>_s columns."""
 
 METRICS_SCHEMA = pa.schema(
     [
@@ -125,6 +142,7 @@ METRICS_SCHEMA = pa.schema(
         pa.field("grad_norm", pa.float64(), nullable=False),
         pa.field("loss", pa.float64(), nullable=False),
         pa.field("response_length_mean", pa.float64(), nullable=False),
+        pa.field("length_limit_fraction", pa.float64(), nullable=False),
         pa.field("rollout_logprob_diff_mean", pa.float64(), nullable=True),
         pa.field("rollout_logprob_diff_max", pa.float64(), nullable=True),
         pa.field("rollout_kl", pa.float64(), nullable=True),
@@ -136,6 +154,7 @@ METRICS_SCHEMA = pa.schema(
         *(pa.field(f"global_seqlen_{k}", pa.float64(), nullable=True) for k in SEQLEN_STATS),
         pa.field("tokens_per_second", pa.float64(), nullable=False),
         pa.field("time_s", pa.float64(), nullable=False),
+        *(pa.field(f"time_{phase}_s", pa.float64(), nullable=False) for phase in PHASES),
     ]
 )
 """Per step. Means over the sampled responses / tokens of the step (the sampling policy's H, H2);
@@ -156,9 +175,16 @@ micro-batches one of verl's data-parallel groups makes over the step's mini-batc
 `global_seqlen_*` verl's balance statistics of the step (prompt + response tokens of the
 world_size chunks before balancing: min, max, minmax_diff; of the balanced partitions:
 balanced_min, balanced_max; their mean) (null without it);
-`tokens_per_second` is sampled response tokens per second of the step's wall time `time_s`."""
+`length_limit_fraction`: the share of the step's sampled responses that reached their generation
+limit (finish reason "length"; verl's response_length/clip_ratio);
+`tokens_per_second` is sampled response tokens per second of the step's wall time `time_s`;
+`time_<phase>_s`: seconds of the step in each part, the slowest rank's: `generation` in the sampler
+(every generation batch), `reward` grading the responses, `scoring` the sampling pass and the
+rescoring passes, `training` the optimizer steps (forwards, backwards, DeepSpeed's step),
+`weight_sync` handing the new weights to the sampler (vLLM; about 0 for hf); the rest of time_s is
+the exchanges between ranks, the metrics and the checkpoints."""
 
-TIME_COLUMNS = ("tokens_per_second", "time_s")
+TIME_COLUMNS = ("tokens_per_second", "time_s", *(f"time_{phase}_s" for phase in PHASES))
 
 
 def lr_at(step: int, tcfg: Train, lr: float | None = None) -> float:
@@ -234,14 +260,19 @@ def rescore(model, mb: Rollouts, needs: frozenset[str], cfg: Config, pad_id: int
 
 
 def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, dist: Dist,
-               run_seed: int, pad_id: int,
-               ref_model) -> tuple[list[Update], Rollouts, VirtualStep | None]:
+               run_seed: int, pad_id: int, ref_model,
+               timer: dict | None = None) -> tuple[list[Update], Rollouts, VirtualStep | None]:
     """The sampling pass and the step's optimizer steps. Returns the updates, this rank's trained
     sequences with their sampling-pass scores (for the metrics) and, with selection_scope
     microbatch, verl's layout of the step (its mini-batches: stages.core.rollouts.virtual_minibatches;
     the selection needs the current policy's scores, so every mini-batch after the first is
-    rescored: the config requires methods.<m>.rescore there)."""
+    rescored: the config requires methods.<m>.rescore there). timer: seconds of the scoring
+    passes and of the optimizer steps are added to its "scoring" and "training"."""
     tcfg = cfg.train
+    timer = {} if timer is None else timer
+    timer.setdefault("scoring", 0.0)
+    timer.setdefault("training", 0.0)
+    clock = time.perf_counter()
     dense = step < method.warmup_steps
     needs = scorer_needs(method, dense)
     model = engine.module
@@ -253,19 +284,24 @@ def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, d
     model.eval()  # the sampling pass needs no activations for a backward pass
     sampling_pass(model, minibatches, needs, cfg, pad_id, dist)
     model.train()
+    timer["scoring"] += time.perf_counter() - clock
     updates = []
     for epoch in range(tcfg.ppo_epochs):
         for k, mb in enumerate(minibatches):
             on_policy = epoch == 0 and k == 0  # nothing has changed the policy since sampling
             stats = mb.stats
             if not on_policy and method.rescore and needs:
+                clock = time.perf_counter()
                 model.eval()
                 stats = rescore(model, mb, needs, cfg, pad_id, dist)
                 model.train()
+                timer["scoring"] += time.perf_counter() - clock
+            clock = time.perf_counter()
             gen = torch.Generator().manual_seed(seed_of(run_seed, step, epoch, k))
             updates.append(actor_step(engine, mb, method, cfg, dist, gen, pad_id, stats=stats,
                                       on_policy=on_policy, dense=dense, ref_model=ref_model,
                                       scope=None if scopes is None else scopes[k]))
+            timer["training"] += time.perf_counter() - clock
     trained = concat_rollouts(minibatches)
     if not minibatches:
         trained.stats = {key: torch.zeros(0) for key in ("entropy", "renyi2", "logprob")}
@@ -287,21 +323,60 @@ def mismatch_sums(roll: Rollouts) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 # Resume state
 # ---------------------------------------------------------------------------------------------
-def fingerprint(cfg: Config, args) -> str:
-    """What a resume folder must have been made by: the config parts read, the job, the inputs."""
+def resume_record(cfg: Config, args) -> dict:
+    """What a resume folder must have been made by: the stage version, the result keys of the
+    config (stages.keys.train_result_config: operational keys such as memory shares, checkpoint
+    cadence, labels and the world size are not among them), the job and its inputs."""
     inputs = {}
     for name, path in [("model", args.model)] + [(f"prompts{i}", p) for i, p in enumerate(args.prompts)]:
         st = Path(path).stat()
         inputs[name] = [st.st_size, st.st_mtime_ns]
-    blob = json.dumps({"stage_version": STAGE_VERSION,
-                       "config": cfg.section_hash(*config_keys(cfg, args.size, args.method)),
-                       "job": [args.size, args.method, args.seed], "inputs": inputs},
-                      sort_keys=True)
+    return {"stage_version": STAGE_VERSION,
+            "config": train_result_config(cfg, args.size, args.method),
+            "job": [args.size, args.method, args.seed], "inputs": inputs}
+
+
+def fingerprint(cfg: Config, args) -> str:
+    """The hash of resume_record: a resume state is used only by a job of the same one."""
+    blob = json.dumps(resume_record(cfg, args), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def read_state(resume_dir: Path, expected: str, world: int) -> dict | None:
-    """The last complete checkpoint of this job in resume_dir, or None; refuses a foreign one."""
+def config_key_name(key: str, args) -> str:
+    """A dotted key of train_result_config as the config spells it."""
+    head, _, rest = key.partition(".")
+    where = {"train": "train", "method": f"methods.{args.method}", "model": f"models.{args.size}",
+             "grade_timeout_s": "evaluate.grade_timeout_s", "train_datasets": "datasets"}.get(head, head)
+    return f"{where}.{rest}" if rest else where
+
+
+def mismatch(saved: dict | None, current: dict, args) -> str:
+    """Why a resume state's record differs from this job's, naming each key."""
+    if not saved:
+        return "it was saved by an older version of the trainer, which kept no record of its keys"
+    lines = []
+    for diff in differences(saved.get("config"), current["config"]):
+        key, _, rest = diff.partition(":")
+        lines.append(f"{config_key_name(key, args)}:{rest}")
+    if saved.get("stage_version") != current["stage_version"]:
+        lines.append(f"the trainer's stage version: {saved.get('stage_version')!r} in the resume "
+                     f"state, {current['stage_version']!r} now")
+    if saved.get("job") != current["job"]:
+        lines.append(f"the job (size, method, seed): {saved.get('job')} in the resume state, "
+                     f"{current['job']} now")
+    for name, value in current["inputs"].items():
+        if (saved.get("inputs") or {}).get(name) != value:
+            flag = "--model" if name == "model" else f"--prompts file {int(name[7:]) + 1}"
+            lines.append(f"the {flag} input changed since the resume state was saved (size or "
+                         "modification time)")
+    return "; ".join(lines) or "its fingerprint differs"
+
+
+def read_state(resume_dir: Path, expected: str, record: dict | None = None,
+               args=None) -> dict | None:
+    """The last complete checkpoint of this job in resume_dir, or None; refuses a foreign one,
+    naming the result keys (or inputs) that differ from this job's (record: resume_record). A
+    state saved by another number of processes is this job's too (resume_tag moves it)."""
     path = resume_dir / STATE_FILE
     if not path.exists():
         if resume_dir.exists() and any(resume_dir.iterdir()):
@@ -313,16 +388,30 @@ def read_state(resume_dir: Path, expected: str, world: int) -> dict | None:
     except json.JSONDecodeError as err:
         raise ArtifactError(f"{path}: not valid JSON ({err}); delete {resume_dir} to start over") from None
     if state.get("fingerprint") != expected:
+        why = mismatch(state.get("record"), record, args) if record is not None else (
+            f"fingerprint {state.get('fingerprint')!r}, this job {expected!r}")
         raise ArtifactError(
-            f"{resume_dir}: resume state of a different config or inputs (fingerprint "
-            f"{state.get('fingerprint')!r}, this job {expected!r}); delete the folder to start over"
-        )
-    if state.get("world_size") != world:
-        raise ArtifactError(
-            f"{resume_dir}: saved by {state.get('world_size')} process(es), this job has {world};"
-            " resume with the same number or delete the folder"
-        )
+            f"{resume_dir}: resume state of a different config or inputs ({why}); delete the "
+            "folder to start over, or set those keys back to resume")
     return state
+
+
+def resume_tag(state: dict, resume_dir: Path, tcfg: Train, launch) -> tuple[str, bool]:
+    """(the DeepSpeed tag to load, whether it is a universal checkpoint): the state's own on its
+    world size, else (ZeRO 1-3) its universal conversion, made once by rank 0
+    (stages.core.resume); ZeRO-0's single state file loads on any world size."""
+    saved = state["world_size"]
+    if saved == launch.world:
+        return state["tag"], False
+    check_universal(tcfg, saved, launch.world, resume_dir)
+    if tcfg.zero_stage == 0:
+        cli.log.info("%s: saved by %d process(es), resumed by %d (ZeRO-0: one state for all)",
+                     resume_dir, saved, launch.world)
+        return state["tag"], False
+    cli.log.info("%s: saved by %d process(es), resumed by %d: converting step %d's ZeRO-%d state "
+                 "to a universal checkpoint", resume_dir, saved, launch.world, state["step"],
+                 tcfg.zero_stage)
+    return convert_to_universal(resume_dir, state["tag"], tcfg.zero_stage, launch.rank), True
 
 
 def save_state(engine, resume_dir: Path, state: dict, dist: Dist) -> None:
@@ -379,8 +468,11 @@ def main(args, cfg: Config) -> None:
     resume_dir = Path(args.resume_dir) if args.resume_dir else out_dir.parent / f".{out_dir.name}.resume"
     launch = resolve_launch(cfg, args.size)
     check_layout(cfg, method, args.method, launch.world)
+    triggers = SaveTriggers(tcfg)  # SIGURG: save at the next step boundary, from now on
+    record = resume_record(cfg, args)
     expected = fingerprint(cfg, args)
-    state = read_state(resume_dir, expected, launch.world)  # before anything is written
+    state = read_state(resume_dir, expected, record, args)  # before anything is written
+    load_tag, universal = resume_tag(state, resume_dir, tcfg, launch) if state else (None, False)
 
     from .core.modeling import load_model_and_tokenizer
     from .core.samplers import HfPolicySampler, VllmPolicySampler
@@ -424,20 +516,25 @@ def main(args, cfg: Config) -> None:
 
     if dist is None:
         dist = init_distributed(launch, tcfg.sequence_parallel)  # the data-parallel group
-    engine = build_engine(model, tcfg, dist.world, sp=dist.sp)
+    engine = build_engine(model, tcfg, dist.world, sp=dist.sp, load_universal=universal)
     engine.train()
     policy = engine.module  # the Policy: trunk and head of the causal LM
     if ref_model is not None:
         ref_model = build_reference(ref_model, tcfg, sp=dist.sp)
     start, consumed, rows = 0, 0, []
     if state is not None:
-        path, _ = engine.load_checkpoint(str(resume_dir), tag=state["tag"], load_optimizer_states=True,
+        path, _ = engine.load_checkpoint(str(resume_dir), tag=load_tag, load_optimizer_states=True,
                                          load_lr_scheduler_states=False)
         if path is None:
-            raise ArtifactError(f"{resume_dir / state['tag']}: DeepSpeed checkpoint missing or unreadable")
+            raise ArtifactError(f"{resume_dir / load_tag}: DeepSpeed checkpoint missing or unreadable")
         start, consumed, rows = state["step"], state["consumed"], state["metrics"]
         cli.log.info("resuming %s/%s seed %d at step %d from %s", args.size, args.method,
                      args.seed, start, resume_dir)
+    elif dist.job.rank == 0:  # checkpoints of an attempt that saved no resume state are not ours
+        shutil.rmtree(resume_dir / "checkpoints", ignore_errors=True)
+    live = LiveMetrics(out_dir, tcfg.loggers, rows=rows, ids=(state or {}).get("loggers"),
+                       name=f"{cfg.run}/{args.size}/{args.method}/seed={args.seed}",
+                       config=cfg.model_dump(mode="json"), active=dist.job.rank == 0)
     if tcfg.backend == "vllm":
         sampler = VllmPolicySampler(
             args.model, policy.lm, tokenizer, world_size=dist.job.world, seed=run_seed,
@@ -466,24 +563,49 @@ def main(args, cfg: Config) -> None:
             group["lr"] = lr_at(step, tcfg, peak_lr)
         sampled = Sampled()
         roll, consumed = collect(step, consumed, cfg, run_seed, sampler, pool, dist, sampled)
+        timer = {"generation": sampled.generation_s, "reward": sampled.reward_s}
         sampler.release()  # every generation batch of the step is sampled: the engine may sleep
         updates, trained, layout = train_step(step, engine, roll, method, cfg, dist, run_seed,
-                                              pad_id, ref_model)
+                                              pad_id, ref_model, timer)
+        clock = time.perf_counter()
         sampler.sync()
+        timer["weight_sync"] = time.perf_counter() - clock
         row = step_metrics(step, sampled, trained, updates, dist, time.perf_counter() - t0,
                            kl_on=ref_model is not None, tis_on=tcfg.tis_cap is not None,
-                           layout=layout)
+                           layout=layout, phases=timer)
         rows.append(row)
+        live.log(row)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", H=f"{row['entropy_mean']:.3f}")
+        if dist.job.rank == 0:
+            cli.log.info("step %d/%d: reward %.3f, entropy %.3f, selected %.3f, %.1f s", step + 1,
+                         tcfg.steps, row["reward_mean"], row["entropy_mean"],
+                         row["selected_fraction"], row["time_s"])
         done = step + 1
         if tcfg.save_every and done % tcfg.save_every == 0 and done < tcfg.steps:
-            save_model(policy, tokenizer, cfg, args, out_dir / checkpoint_name(done), dist)
-        if done % tcfg.checkpoint_every == 0 and done < tcfg.steps:
-            save_state(engine, resume_dir, {"fingerprint": expected, "world_size": dist.job.world,
-                                            "step": done, "consumed": consumed, "metrics": rows},
-                       dist)
+            # kept with the resume state until the job ends: Snakemake deletes the outputs
+            # (checkpoints/ is one) of a job that failed, a walltime kill among them
+            save_model(policy, tokenizer, cfg, args, resume_dir / checkpoint_name(done), dist)
+        timed, signalled = triggers.poll(dist.job)
+        if (done % tcfg.checkpoint_every == 0 or timed or signalled) and done < tcfg.steps:
+            save_state(engine, resume_dir, {"fingerprint": expected, "record": record,
+                                            "world_size": dist.job.world, "step": done,
+                                            "consumed": consumed, "metrics": rows,
+                                            "loggers": live.ids}, dist)
+            triggers.saved()
+            if signalled:  # the time limit is near: stop here, to be resubmitted
+                bar.close()
+                live.close()
+                if dist.job.rank == 0:
+                    cli.log.warning("SIGURG (time limit near): resume state saved after step %d of "
+                                    "%d in %s; exiting with status %d so that the job is "
+                                    "resubmitted (the same command continues from there)", done,
+                                    tcfg.steps, resume_dir, EXIT_RESUBMIT)
+                dist.job.barrier()
+                torch.distributed.destroy_process_group()
+                raise SystemExit(EXIT_RESUBMIT)
     bar.close()
+    live.close()
     seconds = time.perf_counter() - began
     finish(engine, tokenizer, cfg, args, rows, out_dir, resume_dir, dist, seconds, start)
     sampler.close()  # a vLLM engine's teardown takes the process group with it
@@ -511,15 +633,19 @@ def save_model(policy, tokenizer, cfg: Config, args, folder: Path, dist: Dist) -
 
 def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Update], dist: Dist,
                  seconds: float, kl_on: bool, tis_on: bool = False,
-                 layout: VirtualStep | None = None) -> dict:
+                 layout: VirtualStep | None = None, phases: dict | None = None) -> dict:
     """One row of metrics.parquet, the same on every rank; roll: this rank's trained sequences
-    with their sampling-pass scores."""
+    with their sampling-pass scores; phases: this rank's seconds of each of PHASES (the row
+    has the slowest rank's)."""
     old = roll.stats
     s = dist.sum(torch.tensor([
         sampled.responses, sampled.correct, sampled.reward, sampled.tokens,
         float(old["entropy"].double().sum()), float(old["renyi2"].double().sum()),
-        float(old["entropy"].numel()),
+        float(old["entropy"].numel()), sampled.cut,
     ], dtype=torch.float64)).tolist()
+    phases = phases or {}
+    mine = torch.tensor([phases.get(p, 0.0) for p in PHASES], dtype=torch.float64)
+    slowest = dist.job.cat(mine).reshape(-1, len(PHASES)).max(0).values.tolist()
     n_sel = sum(u.n_selected for u in updates)
     n_valid = sum(u.n_valid for u in updates)
     kl = sum(u.kl_sum for u in updates)
@@ -547,6 +673,7 @@ def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Upda
         "grad_norm": sum(u.grad_norm for u in updates) / len(updates) if updates else 0.0,
         "loss": sum(u.loss for u in updates) / len(updates) if updates else 0.0,
         "response_length_mean": s[3] / s[0],
+        "length_limit_fraction": s[7] / s[0],
         "rollout_logprob_diff_mean": finite(ratio(diff_sum, n_tok)),
         "rollout_logprob_diff_max": finite(diff_max) if n_tok else None,
         "rollout_kl": finite(ratio(k3_sum, n_tok)),
@@ -559,17 +686,19 @@ def step_metrics(step: int, sampled: Sampled, roll: Rollouts, updates: list[Upda
            for k in SEQLEN_STATS},
         "tokens_per_second": s[3] / seconds,
         "time_s": seconds,
+        **{f"time_{phase}_s": value for phase, value in zip(PHASES, slowest, strict=True)},
     }
 
 
 def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path, resume_dir: Path,
            dist: Dist, seconds: float, start: int) -> None:
     """Write final/ (the full weights, gathered from the shards under ZeRO-3), metrics.parquet,
-    summary.json and (last) model.json; drop the resume state."""
+    summary.json, move the save_every checkpoints from the resume folder, and write model.json
+    last; drop the resume state."""
     lm = engine.module.lm
     job = dist.job  # its rank 0 writes
     state = full_state_dict(lm, keep=job.rank == 0)
-    prov = provenance("train", STAGE_VERSION, cfg.section_hash(*config_keys(cfg, args.size, args.method)),
+    prov = provenance("train", STAGE_VERSION, train_config_hash(cfg, args.size, args.method),
                       cfg.seed, size=args.size, method=args.method, run_seed=args.seed,
                       world_size=job.world)
     last = rows[-1]
@@ -588,6 +717,9 @@ def finish(engine, tokenizer, cfg: Config, args, rows: list[dict], out_dir: Path
                                                "summary": summary})
         write_parquet(rows, out_dir / "metrics.parquet", METRICS_SCHEMA, prov)
         write_json(out_dir / "summary.json", summary)
+        if (resume_dir / "checkpoints").exists():  # the save_every checkpoints, now outputs
+            shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+            os.replace(resume_dir / "checkpoints", out_dir / "checkpoints")
         write_json(out_dir / "model.json", {"kind": "scratch", "path": "final"})
         shutil.rmtree(resume_dir, ignore_errors=True)
         cli.log.info("%s/%s seed %d: %d steps in %.0f s, last reward %.3f -> %s", args.size,

@@ -13,6 +13,7 @@ from stages.core.grading import grade_many
 from stages.core.io import read_provenance
 from stages.core.problems import generate_arithmetic
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA, config_keys, metric_rows
+from stages.keys import result_hash
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
 
 
@@ -122,7 +123,7 @@ def test_stage_writes_consistent_samples_and_metrics(stage):
     assert prov["model_ref"] == {"kind": "scratch", "path": "checkpoint"}
     from stages.config import load_config
 
-    assert prov["config_hash"] == load_config(cfg).section_hash(*config_keys("tiny-s", "arith-easy"))
+    assert prov["config_hash"] == result_hash(load_config(cfg), *config_keys("tiny-s", "arith-easy"))
     # the hive keys come from the path: one scan reads every evaluation as one table
     table = pl.scan_parquet(d / "eval" / "**" / "metrics.parquet", hive_partitioning=True).collect()
     assert {"size", "method", "seed", "bench", "metric", "value"} <= set(table.columns)
@@ -167,10 +168,10 @@ def test_a_method_may_lengthen_its_evaluations(stage, tmp_path):
     raw["methods"]["grpo"]["evaluate"] = {"max_new_tokens": 3}
     longer = validate(raw, "x")
     assert (max_new_tokens(longer, "grpo"), max_new_tokens(longer, "base")) == (3, 10)
-    assert longer.section_hash(*config_keys("tiny-s", "arith-easy", "grpo")) != \
-        base.section_hash(*config_keys("tiny-s", "arith-easy", "grpo"))
-    assert longer.section_hash(*config_keys("tiny-s", "arith-easy")) == \
-        base.section_hash(*config_keys("tiny-s", "arith-easy"))
+    assert result_hash(longer, *config_keys("tiny-s", "arith-easy", "grpo")) != \
+        result_hash(base, *config_keys("tiny-s", "arith-easy", "grpo"))
+    assert result_hash(longer, *config_keys("tiny-s", "arith-easy")) == \
+        result_hash(base, *config_keys("tiny-s", "arith-easy"))
     in_process(d, write_yaml(tmp_path / "m.yaml", raw), tmp_path / "out", method="grpo",
                model=d / "base.json")
     assert pl.read_parquet(tmp_path / "out" / "samples.parquet")["response_tokens"].max() <= 3
@@ -181,14 +182,14 @@ def test_config_keys_ignore_the_table_layout(stage):
 
     d, cfg = stage
     raw = yaml.safe_load(cfg.read_text())
-    base = load_config(cfg).section_hash(*config_keys("tiny-s", "arith-easy"))
+    base = result_hash(load_config(cfg), *config_keys("tiny-s", "arith-easy"))
     raw["evaluate"]["main_methods"] = ["grpo"]  # table layout
     raw["methods"]["ict"]["rho"] = 0.2  # reaches the evaluation through the trained model file
     raw["datasets"]["arith-easy"]["label"] = "Easy"
     raw["train"]["lr"] = 1.0
-    assert validate(raw, "x").section_hash(*config_keys("tiny-s", "arith-easy")) == base
+    assert result_hash(validate(raw, "x"), *config_keys("tiny-s", "arith-easy")) == base
     raw["evaluate"]["temperature"] = 0.7
-    assert validate(raw, "x").section_hash(*config_keys("tiny-s", "arith-easy")) != base
+    assert result_hash(validate(raw, "x"), *config_keys("tiny-s", "arith-easy")) != base
 
 
 def in_process(d, cfg, out, method="base", bench="arith-easy", model=None, data=None):

@@ -11,7 +11,10 @@ has two fake GPUs (SLURM schedules them, CUDA sees none); there are three partit
 nodes: the default one, and the two the tests name through the environment. The whole test config
 runs through the cluster once (its single-node jobs land on either node); then one training job
 spans both nodes (mpi, srun, one torchrun agent per node) and is compared with the same world
-size run locally. Facts behind the settings: ../shared/notes/slurm.md.
+size run locally; and one training is ended by three time limits in a row (SLURM's own, lowered
+by the test while each attempt runs; the rule's --signal=URG@60 makes the trainer save and exit,
+the profile's retries resubmit it) and finishes with the uninterrupted run's metrics. Facts
+behind the settings: ../shared/notes/slurm.md.
 """
 
 from __future__ import annotations
@@ -379,7 +382,8 @@ def scontrol_jobs() -> dict[str, dict[str, str]]:
     jobs = {}
     for line in out.splitlines():
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-        jobs[fields["JobId"]] = fields
+        if "JobId" in fields:  # not "No jobs in the system"
+            jobs[fields["JobId"]] = fields
     return jobs
 
 
@@ -503,6 +507,220 @@ def start_training_runs(local_wd: Path, cfg_path: str, env: dict[str, str], base
                 cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
         runs[name] = {"wd": wd, "log": log, "proc": proc}
     return {"target": target, "runs": runs, "started": time.monotonic()}
+
+
+# ----- three walltime kills in a row -------------------------------------------------------------
+KILLS = 3
+KILL_STEPS = 12  # of the killed training; each attempt trains one to three steps
+SIGNAL_LEAD_S = 60  # train.save_before_limit_minutes: 1
+KILLS_TIMEOUT_S = 900
+SIGURG_PENDING = 1 << (signal.SIGURG - 1)  # its bit in /proc/<pid>/status's ShdPnd mask
+
+
+def kills_config(raw: dict) -> dict:
+    """The test config's first training as the three-kill run trains it: KILL_STEPS steps, a
+    checkpoint every 3 (save_every: they must survive the failed attempts), no resume state but
+    the ones the signal asks for, SIGURG a minute before the time limit, a 10-minute walltime
+    that the test lowers while each of the first attempts runs."""
+    cfg = json.loads(json.dumps(raw))
+    cfg["train"].update(steps=KILL_STEPS, checkpoint_every=100, save_every=3,
+                        save_before_limit_minutes=SIGNAL_LEAD_S / 60,
+                        # rewards that differ within groups (the length penalty), so gradients
+                        overlong_buffer=cfg["train"]["max_response_tokens"] - 8)
+    cfg["resources"]["train"]["runtime"] = 10
+    return cfg
+
+
+def start_walltime_kills(local_wd: Path, raw: dict, env: dict[str, str], base: Path) -> dict:
+    """The three-kill run through `--profile slurm --retries 3` (with its controller thread) and
+    the same training uninterrupted, locally, to compare it with."""
+    import threading
+
+    cfg = kills_config(raw)
+    method, seed = raw["experiment"]["methods"][0], raw["experiment"]["seeds"][0]
+    target = f"results/test/train/size=tiny-s/method={method}/seed={seed}/model.json"
+    runs = {}
+    for name, how in (("kills", ["--profile", str(ROOT / "slurm"), "--retries", str(KILLS),
+                                 "--slurm-keep-successful-logs", "--verbose"]),
+                      ("uninterrupted", ["--cores", "1"])):
+        wd = base / name
+        for part in ("data", "models"):
+            shutil.copytree(local_wd / "results" / "test" / part, wd / "results" / "test" / part)
+        log = base / f"{name}.log"
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(
+                snakemake_cmd(wd, target, *how, "--configfile",
+                              str(write_yaml(base / f"{name}.yaml", cfg)), "--rerun-triggers",
+                              "mtime", timeout=KILLS_TIMEOUT_S, fast_polling=name == "kills"),
+                cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        runs[name] = {"wd": wd, "log": log, "proc": proc}
+    kills: list[dict] = []
+    controller = threading.Thread(target=kill_attempts, daemon=True,
+                                  args=(runs["kills"]["wd"], runs["kills"]["proc"], target, kills))
+    controller.start()
+    return {"runs": runs, "target": target, "controller": controller, "kills": kills}
+
+
+def running_job(wd: Path) -> tuple[str, dict] | None:
+    """(job id, scontrol fields) of the RUNNING job whose working directory is `wd`, or None."""
+    for jobid, job in scontrol_jobs().items():
+        if job.get("JobState") == "RUNNING" and Path(job.get("WorkDir", "")).resolve() == wd.resolve():
+            return jobid, job
+    return None
+
+
+def trainer_pid(wd: Path) -> int | None:
+    """The pid of the `python -m stages.train` process running in `wd` (one CPU process:
+    stages.launch runs it without torchrun; its paths are relative to the working folder)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = (entry / "cwd").resolve()
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"stages.train"] and cwd == wd.resolve():
+            return int(entry.name)
+    return None
+
+
+def signal_arrived(pid: int) -> bool:
+    """SIGURG is pending at the stopped process `pid`, or the process runs again (slurmstepd
+    continues a stopped task when it signals it) or is gone."""
+    try:
+        status = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    except OSError:
+        return True
+    return bool(int(status["ShdPnd"], 16) & SIGURG_PENDING) or not status["State"].strip().startswith("T")
+
+
+def seconds(value: str) -> int:
+    """SLURM's [days-]hours:minutes:seconds as seconds."""
+    days, _, clock = value.rpartition("-")
+    h, m, s = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def kill_attempts(wd: Path, proc: subprocess.Popen, target: str, kills: list[dict]) -> None:
+    """Ends each of the first KILLS attempts of `wd`'s training at a real SLURM time limit.
+
+    Once the attempt has written a row of its own to metrics.jsonl (its trainer runs, its SIGURG
+    handler is installed), its trainer is stopped (SIGSTOP: it would only burn CPU while SLURM
+    gets round to the signal), and the job's TimeLimit is lowered with `scontrol update` so that
+    slurmctld's next periodic check (every 30 s) finds it within SIGNAL_LEAD_S of the limit and
+    sends the rule's --signal=URG@60 (TimeLimit is whole minutes: end - now is brought into
+    (lead + 5, lead + 30] s, waiting when it would be more). Once the signal has reached the
+    stopped trainer (slurmstepd continues a stopped task it signals; else the test does), it
+    saves at its step boundary and exits; the profile's retries resubmit the job. Records each kill: job id, limit, the state's step."""
+    live = wd / Path(target).parent / "metrics.jsonl"
+    state = wd / "results" / "test" / "resume" / Path(target).parent.relative_to(
+        "results/test/train") / "state.json"
+    done = 0
+    while len(kills) < KILLS and proc.poll() is None:
+        found = running_job(wd)
+        pid = trainer_pid(wd)
+        rows = len(live.read_text().splitlines()) if live.exists() else 0
+        if found is None or pid is None or rows <= done:
+            time.sleep(0.5)
+            continue
+        jobid, job = found
+        os.kill(pid, signal.SIGSTOP)
+        elapsed = seconds(job["RunTime"])
+        minutes = -(-(elapsed + SIGNAL_LEAD_S + 6) // 60)
+        wait = (60 * minutes - elapsed) - (SIGNAL_LEAD_S + 30)
+        if wait > 0:
+            time.sleep(wait)
+        subprocess.run(["scontrol", "update", f"JobId={jobid}", f"TimeLimit={minutes}"], check=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not signal_arrived(pid):
+            time.sleep(0.2)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # it already went on, saved and exited
+            pass
+        while running_job(wd) is not None and proc.poll() is None:
+            time.sleep(0.2)
+        step = json.loads(state.read_text())["step"] if state.exists() else 0
+        kills.append({"jobid": jobid, "time_limit_minutes": minutes, "step": step,
+                      "signalled": time.monotonic() < deadline})
+        done = step
+
+
+@pytest.fixture(scope="module")
+def walltime_kills(slurm_cluster, tmp_path_factory):
+    """The finished three-kill run and its uninterrupted twin, from the training's inputs made
+    locally first (prepare_data and base_model alone: `--omit-from train`), so that this test
+    needs no other test's runs and can run alone (`-k walltime_kills`)."""
+    cfg = ROOT / "config" / "test.yaml"
+    raw = yaml.safe_load(cfg.read_text())
+    env = workflow_env(SBATCH_PARTITION=PARTITION, ICT_GPU_PARTITION=GPU_PARTITION)
+    base = tmp_path_factory.mktemp("walltime-kills")
+    inputs = base / "inputs"
+    inputs.mkdir()
+    method, seed = raw["experiment"]["methods"][0], raw["experiment"]["seeds"][0]
+    target = f"results/test/train/size=tiny-s/method={method}/seed={seed}/model.json"
+    made = subprocess.run(snakemake_cmd(inputs, target, "--cores", "2", "--configfile", str(cfg),
+                                        "--omit-from", "train"),
+                          cwd=inputs, env=env, capture_output=True, text=True)
+    assert made.returncode == 0, (made.stdout + made.stderr)[-4000:]
+    started = time.monotonic()
+    kills = start_walltime_kills(inputs, raw, env, base)
+    try:
+        for run in kills["runs"].values():
+            run["proc"].wait(timeout=KILLS_TIMEOUT_S + 30)
+            run["out"] = run["log"].read_text()
+        kills["controller"].join(timeout=30)
+        print(f"\nthree-kill training done after {time.monotonic() - started:.0f} s: "
+              f"{kills['kills']}")
+        yield kills
+    finally:
+        for run in kills["runs"].values():
+            if run["proc"].poll() is None:
+                run["proc"].terminate()
+                run["proc"].wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_three_walltime_kills_in_a_row_end_with_the_uninterrupted_runs_metrics(walltime_kills):
+    runs, target = walltime_kills["runs"], walltime_kills["target"]
+    for name, run in runs.items():
+        assert run["proc"].returncode == 0, f"{name}:\n{run['out'][-5000:]}"
+    wd = runs["kills"]["wd"]
+    kills = walltime_kills["kills"]
+    assert len(kills) == KILLS and all(k["signalled"] for k in kills), kills
+    steps = [k["step"] for k in kills]
+    assert 0 < steps[0] < steps[1] < steps[2] < KILL_STEPS, steps  # each attempt saved progress
+    jobs = slurm_jobs(wd)
+    assert [rule for rule, _, _ in jobs] == ["train"] * (KILLS + 1), jobs
+    known = scontrol_jobs()
+    ids = sorted((jobid for _, _, jobid in jobs), key=int)
+    assert ids[:KILLS] == [k["jobid"] for k in kills]
+    for k in kills:  # a real time limit: the trainer saved on SLURM's signal and exited before it
+        job = known[k["jobid"]]
+        assert job["JobState"] == "FAILED" and seconds(job["TimeLimit"]) == 60 * k["time_limit_minutes"], job
+        assert seconds(job["RunTime"]) < seconds(job["TimeLimit"]), job
+        log = next((wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{k['jobid']}.log")).read_text()
+        assert f"SIGURG (time limit near): resume state saved after step {k['step']} of {KILL_STEPS}" in log, log[-3000:]
+    assert known[ids[-1]]["JobState"] == "COMPLETED", known[ids[-1]]
+    # the rule asked SLURM for the signal: its sbatch lines
+    assert len(re.findall(r"sbatch call: sbatch .*--signal=URG@60", runs["kills"]["out"])) == KILLS + 1
+    for previous, k in zip([0, *steps], [*kills, None], strict=True):  # each attempt resumed
+        jobid = k["jobid"] if k else ids[-1]
+        log = next((wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log")).read_text()
+        assert (f"at step {previous} from" in log) == bool(previous), log[-3000:]
+    # the uninterrupted run's metrics (timings aside), final weights and save_every checkpoints
+    job = Path(target).parent
+    compared = compare_results(runs["uninterrupted"]["wd"] / job, wd / job,
+                               differ=("resumed_at_step",))
+    assert {"metrics.parquet", "final/model.safetensors",
+            *(f"checkpoints/step={s}/model/model.safetensors" for s in range(3, KILL_STEPS, 3))
+            } <= set(compared), compared
+    metrics = pl.read_parquet(wd / job / "metrics.parquet")
+    assert metrics["step"].to_list() == list(range(KILL_STEPS)) and (metrics["grad_norm"] > 0).any()
+    assert json.loads((wd / job / "summary.json").read_text())["resumed_at_step"] == steps[-1]
+    assert not (wd / "results" / "test" / "resume").joinpath(*job.parts[3:]).exists()
 
 
 @pytest.fixture(scope="module")

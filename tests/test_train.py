@@ -1,16 +1,19 @@
 """The masked RLVR trainer: selective head, process-count invariance, resume, bad input.
 
 Tiny models (hidden 32, 1 layer) on CPU. The two slow tests start real processes: 1 vs 2
-DeepSpeed ranks on one global mini-batch, and three training runs of the CLI (uninterrupted,
-killed after its first checkpoint, restarted).
+DeepSpeed ranks on one global mini-batch, and four training runs of the CLI (uninterrupted;
+killed after its first checkpoint; resumed through operational edits; resumed from the same state
+with other physical micro-batches).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +31,7 @@ from stages.core import engine as engine_glue
 from stages.core import rollouts
 from stages.core.actor import actor_step, micro_loss
 from stages.core.io import ArtifactError
+from stages.core.live import LOGGERS
 from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
 from stages.core.modeling import build_scratch_model, build_tokenizer
 from stages.core.problems import Problem, render_prompt
@@ -380,12 +384,162 @@ def files_of(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_to_the_same_metrics_and_weights(job):
+OPERATIONAL_EDITS = {
+    "train": {"checkpoint_every": 3, "vllm_gpu_memory_utilization": 0.5, "max_sampling_rounds": 3,
+              "gradient_checkpointing": True, "generation_batch_size": 5,
+              "checkpoint_every_minutes": 60.0, "save_before_limit_minutes": 5.0,
+              "engine_kwargs": {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 26}},
+    "models": {"label": "Tiny", "gpu_memory_gb": 80.0},
+    "methods": {"label": "ICT (ours)"},
+    "resources": {"runtime": 99},
+}
+"""Operational keys (stages.keys) edited between a kill and the resume that must give the
+uninterrupted run's metrics bit for bit (the sampler's own log-probs move by float rounding
+with generation_batch_size: the rollout_* mismatch columns are compared to 1e-6)."""
+PHYSICAL_EDITS = {"train": {"micro_batch_size": 2, "micro_batch_tokens": 40},
+                  "models": {"train_processes": 2}}
+"""The physical forwards and the world size (the state saved by one process, resumed by two): the
+same selection and loss weights, gradients summed in another order."""
+MISMATCH_COLUMNS = ("rollout_logprob_diff_mean", "rollout_logprob_diff_max", "rollout_kl")
+
+
+def edited(raw: dict, name: str, d, edits: dict) -> str:
+    """The config `raw` with `edits` ({section: changes}) applied, written as d/name.yaml."""
+    raw = copy.deepcopy(raw)
+    for section, changes in edits.items():
+        target = {"models": raw["models"]["tiny-s"], "methods": raw["methods"]["ict"],
+                  "resources": raw.setdefault("resources", {}).setdefault("train", {})}.get(
+                      section, raw.get(section))
+        target.update(changes)
+    write_yaml(d / f"{name}.yaml", raw)
+    return f"{name}.yaml"
+
+
+def live_rows(path) -> list[dict]:
+    """The rows of a metrics.jsonl (a last line still being written is not one)."""
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def kill_after_first_checkpoint(d, out: str, config: str = "cfg.yaml") -> tuple[int, list[dict]]:
+    """Start the stage, SIGKILL it once its first resume state exists and metrics.jsonl holds a
+    row after the state's step (a row the resumed job must drop); (the state's step, the live
+    rows at the kill)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.Popen([sys.executable, "-m", "stages.train", *cli_args(d, out, config=config)],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state, live = d / f"{out}-resume" / "state.json", d / out / "metrics.jsonl"
+
+    def ahead() -> bool:  # metrics.jsonl has a row of a step after the resume state's
+        return state.exists() and len(live_rows(live)) > json.loads(state.read_text())["step"]
+
+    deadline = time.monotonic() + 300
+    while not ahead() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert state.exists() and not (d / out / "model.json").exists(), "not killed mid-run"
+    return json.loads(state.read_text())["step"], live_rows(live)
+
+
+def tensorboard_scalars(folder) -> dict[str, dict[int, float]]:
+    """Every scalar TensorBoard shows of the event files in `folder`: {tag: {step: value}}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    out = {}
+    for tag in events.Tags()["scalars"]:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) == len(set(steps)), (tag, steps)  # purged: each step once
+        out[tag] = {e.step: e.value for e in events.Scalars(tag)}
+    return out
+
+
+def wandb_records(path) -> list:
+    """The records of a W&B run file (run-<id>.wandb): a 7-byte header (':W&B', magic, version),
+    then LevelDB's log format: 32 KiB blocks of chunks (crc32, length, type: 1 whole, 2 first,
+    3 middle, 4 last), each record a wandb_internal_pb2.Record."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    pos, block, chunks, part = 7, 1 << 15, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            chunks.append(chunk)
+        elif kind == 2:
+            part = chunk
+        elif kind == 3:
+            part += chunk
+        elif kind == 4:
+            chunks.append(part + chunk)
+    records = []
+    for chunk in chunks:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(chunk)
+        records.append(record)
+    return records
+
+
+INSTALLED_LOGGERS = [name for name in LOGGERS if importlib.util.find_spec(name) is not None]
+"""train.loggers whose optional extra is installed (CI installs both: the dev extra)."""
+
+
+def check_loggers(out, metrics: pl.DataFrame, saved: int) -> None:
+    """What each installed logger wrote, read back: TensorBoard's events (the killed attempt's
+    steps after the resume state purged) hold every step's metrics; W&B's offline run files are
+    two attempts of one run id, the second from the resume state's step."""
+    if "tensorboard" in INSTALLED_LOGGERS:
+        scalars = tensorboard_scalars(out / "tensorboard")
+        for column in ("reward_mean", "entropy_mean", "selected_fraction", "time_s",
+                       "time_training_s", "length_limit_fraction"):
+            assert scalars[f"train/{column}"] == pytest.approx(dict(enumerate(metrics[column])),
+                                                               rel=1e-6), column
+    if "wandb" not in INSTALLED_LOGGERS:
+        return
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2, runs
+    ids, history = set(), []
+    for run in runs:
+        (path,) = run.glob("run-*.wandb")
+        records = wandb_records(path)
+        ids |= {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
+        history.append({r.history.step.num: {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                             for i in r.history.item}
+                        for r in records if r.WhichOneof("record_type") == "history"})
+    assert len(ids) == 1, ids  # the resumed attempt continued the same run
+    # W&B's service buffers its file: of an attempt killed by SIGKILL only what it flushed is
+    # there (often nothing); every step from the resume state's on is in the resumed attempt's
+    assert sorted(history[1]) == list(range(saved, 6)), sorted(history[1])
+    assert set(history[0]) <= set(range(len(metrics)))
+    for step, row in [*history[0].items(), *history[1].items()]:
+        assert row["train/reward_mean"] == pytest.approx(metrics["reward_mean"][step], rel=1e-12)
+        assert row["train/entropy_mean"] == pytest.approx(metrics["entropy_mean"][step], rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def whole(job):
+    """The job's training uninterrupted, in d/a: its metrics."""
     d, _ = job
-    whole = run_stage("train", *cli_args(d, "a"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    metrics = pl.read_parquet(d / "a" / "metrics.parquet")
+    proc = run_stage("train", *cli_args(d, "a"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return pl.read_parquet(d / "a" / "metrics.parquet")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_through_operational_edits_to_the_same_metrics_and_weights(job, whole):
+    import shutil
+
+    d, raw = job
+    metrics = whole
     assert metrics["step"].to_list() == list(range(6))
     assert set(metrics.columns) == set(train.METRICS_SCHEMA.names)
     assert (metrics["grad_norm"] > 0).any(), "no learning signal: the test would prove nothing"
@@ -396,43 +550,115 @@ def test_killed_run_resumes_to_the_same_metrics_and_weights(job):
     assert (d / "a" / "final" / "model.safetensors").exists()
     assert not (d / "a-resume").exists()  # dropped once the outputs exist
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    killed = subprocess.Popen([sys.executable, "-m", "stages.train", *cli_args(d, "b")], cwd=ROOT,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = d / "b-resume" / "state.json"
-    deadline = time.monotonic() + 300
-    while not state.exists() and killed.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert state.exists() and not (d / "b" / "model.json").exists(), "not killed mid-run"
-    saved = json.loads(state.read_text())["step"]
-    assert 2 <= saved < 6
+    # the killed attempt logs to TensorBoard and W&B (offline); the resumed one continues both
+    with_loggers = copy.deepcopy(raw)
+    with_loggers["train"]["loggers"] = INSTALLED_LOGGERS
+    saved, live = kill_after_first_checkpoint(d, "b", config=edited(with_loggers, "b", d, {}))
+    assert 2 <= saved < 6 and len(live) > saved  # a row made after the state, to be dropped
+    assert [row["step"] for row in live] == list(range(len(live)))
+    shutil.copytree(d / "b-resume", d / "m-resume")  # the same state, for the physical edits
 
-    # the foreign-config check, on a copy of this real resume folder: refused, nothing touched
+    # a result key edited: refused, naming the key, on a copy of this real resume folder; nothing
+    # touched
     foreign = d / "b-resume-copy"
-    import shutil
-
     shutil.copytree(d / "b-resume", foreign)
     before = files_of(foreign)
-    raw = copy.deepcopy(job[1])
-    raw["train"]["lr"] = 1e-3
+    other = copy.deepcopy(raw)
+    other["train"]["lr"] = 1e-3
     args = argparse.Namespace(**dict(zip(
         ("size", "method", "seed", "model", "prompts", "out_dir"),
         ("tiny-s", "ict", 0, str(d / "base.json"), [str(d / "prompts.parquet")], str(d / "c")),
         strict=True)), resume_dir=str(foreign))
-    with pytest.raises(ArtifactError, match=f"{foreign}: resume state of a different config"):
-        train.main(args, validate(raw, "other.yaml"))
+    with pytest.raises(ArtifactError, match=f"{foreign}: resume state of a different config or "
+                       r"inputs \(train.lr: 0.003 in the resume state, 0.001 now\)"):
+        train.main(args, validate(other, "other.yaml"))
     assert files_of(foreign) == before and not (d / "c").exists()
 
-    resumed = run_stage("train", *cli_args(d, "b"))
+    keep = [c for c in metrics.columns if c not in (*train.TIME_COLUMNS, *MISMATCH_COLUMNS)]
+    resumed = run_stage("train", *cli_args(d, "b", config=edited(with_loggers, "ops", d,
+                                                                   OPERATIONAL_EDITS)))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"at step {saved}" in resumed.stderr
+    # one log line per step of this attempt, with the reward, entropy, selected share and time
+    lines = re.findall(r"step (\d+)/6: reward ([\d.]+), entropy ([\d.]+), selected ([\d.]+), "
+                       r"([\d.]+) s", resumed.stderr)
+    assert [int(m[0]) for m in lines] == list(range(saved + 1, 7)), resumed.stderr[-3000:]
     other = pl.read_parquet(d / "b" / "metrics.parquet")
-    keep = [c for c in metrics.columns if c not in train.TIME_COLUMNS]
+    # metrics.jsonl: the resumed job dropped the killed attempt's rows after the state's step
+    # (their times differ), and it equals metrics.parquet, time columns too
+    assert pl.DataFrame(live_rows(d / "b" / "metrics.jsonl"), schema=other.schema).equals(other)
+    assert live[saved]["time_s"] != other["time_s"][saved]
+    check_loggers(d / "b", other, saved)
     assert other.select(keep).equals(metrics.select(keep))
+    for column in MISMATCH_COLUMNS:
+        assert other[column].to_list() == pytest.approx(metrics[column].to_list(), abs=1e-6)
     assert (d / "a" / "final" / "model.safetensors").read_bytes() == \
         (d / "b" / "final" / "model.safetensors").read_bytes()
+
+    # the physical micro-batches and two processes: the same samples, the metrics within float
+    # rounding
+    physical = edited(raw, "physical", d, PHYSICAL_EDITS)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "stages.launch", "--gpus", "0", "--procs-per-node", "2", "--",
+         sys.executable, "-m", "stages.train", *cli_args(d, "m", config=physical)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at step {saved}" in resumed.stderr
+    assert "saved by 1 process(es), resumed by 2 (ZeRO-0: one state for all)" in resumed.stderr
+    other = pl.read_parquet(d / "m" / "metrics.parquet")
+    assert other["micro_batches"][saved:].to_list() != metrics["micro_batches"][saved:].to_list()
+    for column in keep:
+        if column != "micro_batches":
+            got, want = other[column].to_list(), metrics[column].to_list()
+            assert [v is None for v in got] == [v is None for v in want], column
+            assert [v for v in got if v is not None] == pytest.approx(
+                [v for v in want if v is not None], rel=1e-3, abs=1e-4), column
+
+
+@pytest.mark.slow
+def test_sigurg_saves_and_exits_and_the_minutes_cadence_saves_between_step_checkpoints(job, whole):
+    """SLURM's signal before the time limit, sent by hand: the job saves at the next step boundary
+    and exits with status 75; the resumed attempt, with no step checkpoint due
+    (checkpoint_every 100) but checkpoint_every_minutes tiny, saves at its step boundaries (seen
+    by a SIGKILL after one); the third attempt ends with the uninterrupted run's metrics."""
+    from stages.core.resume import EXIT_RESUBMIT, SAVE_SIGNAL
+
+    d, raw = job
+    config = edited(raw, "sig", d, {"train": {"checkpoint_every": 100}})
+    state, live = d / "s-resume" / "state.json", d / "s" / "metrics.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "stages.train", *cli_args(d, "s", config=config)]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not live_rows(live) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first.send_signal(SAVE_SIGNAL)  # its handler is in place: a step has ended
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == EXIT_RESUBMIT, err[-3000:]
+    saved = json.loads(state.read_text())["step"]
+    assert 1 <= saved < 6 and len(live_rows(live)) == saved
+    assert f"SIGURG (time limit near): resume state saved after step {saved} of 6" in err
+
+    timed = edited(raw, "timed", d, {"train": {"checkpoint_every": 100,
+                                               "checkpoint_every_minutes": 1e-6}})
+    cmd = [sys.executable, "-m", "stages.train", *cli_args(d, "s", config=timed)]
+    second = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    while (json.loads(state.read_text())["step"] == saved and second.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    second.send_signal(signal.SIGKILL)
+    second.wait()
+    again = json.loads(state.read_text())["step"]
+    assert saved < again < 6, (saved, again)  # a state no step checkpoint would have written
+
+    third = run_stage("train", *cli_args(d, "s", config=config))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"at step {again}" in third.stderr
+    keep = [c for c in whole.columns if c not in train.TIME_COLUMNS]
+    assert pl.read_parquet(d / "s" / "metrics.parquet").select(keep).equals(whole.select(keep))
 
 
 def test_unknown_method_is_a_clear_cli_error(job):
@@ -593,16 +819,20 @@ def test_dynamic_sampling_filters_groups_on_correctness_not_reward(test_raw):
 
 def test_config_keys_are_what_the_trainer_reads(test_raw):
     """A dataset's response limit reruns training; the token-statistics stage's own keys do not."""
-    base = validate(test_raw, "t.yaml")
-    keys = train.config_keys(base, "tiny-s", "ict")
+    from stages.keys import train_config_hash
+
+    def digest(raw):
+        return train_config_hash(validate(raw, "t.yaml"), "tiny-s", "ict")
+
+    base = digest(test_raw)
     raw = copy.deepcopy(test_raw)
     raw["token_stats"]["dtype"] = "float64"
     raw["token_stats"]["high_entropy_quantile"] = 0.8
-    assert validate(raw, "t.yaml").section_hash(*keys) == base.section_hash(*keys)
+    assert digest(raw) == base
     raw["datasets"]["rl"]["max_response_tokens"] = 7
-    assert validate(raw, "t.yaml").section_hash(*keys) != base.section_hash(*keys)
-    before = validate(raw, "t.yaml").section_hash(*keys)
+    assert digest(raw) != base
+    before = digest(raw)
     raw["datasets"]["rl"]["grader"] = "math_dapo"  # the training reward
-    assert validate(raw, "t.yaml").section_hash(*keys) != before
+    assert digest(raw) != before
     text = (ROOT / "workflow" / "rules" / "train.smk").read_text()
-    assert "train_config_keys(CFG, w.size, w.method)" in text  # the rule hashes the same parts
+    assert "train_config_hash(CFG, w.size, w.method)" in text  # the rule hashes the same parts

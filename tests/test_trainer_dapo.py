@@ -26,6 +26,7 @@ from stages.core.modeling import build_scratch_model
 from stages.core.policy import Policy
 from stages.core.scorer import micro_batches
 from stages.core.scoring import pack
+from stages.keys import train_config_hash
 from stages.launch import free_port
 from tests import test_train
 from tests.conftest import ROOT, run_stage, write_yaml
@@ -268,10 +269,8 @@ def test_a_methods_training_keys_apply_to_it_alone_and_its_hash(test_raw):
     assert cfg.train_for("grpo").max_response_tokens == 48 and cfg.train_for("ict") is cfg.train
     assert cfg.train_for("grpo").loss.eps_high == 0.28 and cfg.train_for("grpo").loss.eps_low == 0.2
     assert cfg.for_method("grpo").train.max_response_tokens == 48
-    keys = train.config_keys(cfg, "tiny-s", "grpo")
-    assert cfg.section_hash(*keys) != base.section_hash(*keys)
-    ict_keys = train.config_keys(cfg, "tiny-s", "ict")
-    assert cfg.section_hash(*ict_keys) == base.section_hash(*ict_keys)
+    assert train_config_hash(cfg, "tiny-s", "grpo") != train_config_hash(base, "tiny-s", "grpo")
+    assert train_config_hash(cfg, "tiny-s", "ict") == train_config_hash(base, "tiny-s", "ict")
 
 
 def test_a_sizes_training_keys_apply_before_the_methods(test_raw):
@@ -513,9 +512,13 @@ def test_virtual_micro_batches_are_verls_on_one_process(test_raw):
     updates, trained, layout = train.train_step(0, engine, roll, cfg.methods["top"], cfg, CPU, 0, PAD, None)
     assert layout.counts == result["top"]["counts"] and len(updates) == 2
     assert sorted(map(tuple, trained.response_ids)) == sorted(map(tuple, r_ids))
-    row = train.step_metrics(0, rollouts.Sampled(responses=32, tokens=1), trained, updates, CPU, 1.0,
-                             kl_on=False, layout=layout)
+    row = train.step_metrics(0, rollouts.Sampled(responses=32, tokens=1, cut=8), trained, updates,
+                             CPU, 1.0, kl_on=False, layout=layout,
+                             phases={"generation": 0.5, "training": 0.25})
     assert row["virtual_micro_batches"] == sum(layout.counts) and row["skipped_steps"] == 0
+    # 8 of the 32 responses cut at the length limit; the phases timed, the others 0
+    assert row["length_limit_fraction"] == 0.25
+    assert (row["time_generation_s"], row["time_training_s"], row["time_weight_sync_s"]) == (0.5, 0.25, 0.0)
     lengths = [len(p) + len(r) for p, r in zip(p_ids, r_ids, strict=True)]
     assert row["global_seqlen_mean"] == sum(lengths) / 8
     assert row["global_seqlen_balanced_max"] <= row["global_seqlen_max"]

@@ -135,6 +135,46 @@ def test_real_run_of_the_test_config(local_test_run):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
+def dry_run_counts(wd: Path, raw: dict, name: str) -> dict[str, int]:
+    """The jobs `snakemake -n` lists in `wd` for the config `raw` ({} when nothing is to be
+    done), without `all`."""
+    proc = snakemake("-n", "--configfile", str(write_yaml(wd / f"{name}.yaml", raw)), cwd=wd,
+                     timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    if "Nothing to be done" in out:
+        return {}
+    return {rule: n for rule, n in job_counts(proc.stdout).items() if rule not in ("all", "total")}
+
+
+@pytest.mark.slow
+def test_operational_edits_rerun_nothing_and_a_new_method_only_its_own_jobs(local_test_run,
+                                                                            tmp_path, test_raw):
+    """On a finished run of the test config: edits of how jobs run list no job (labels only the
+    tables, which print them); a new method lists its own training, evaluation and overlap and
+    the tables, and neither the token statistics nor another method's work; a result key reruns
+    the trainings. A copy of the run, so that its resolved_config.yaml stays the session's."""
+    import shutil
+
+    wd, proc = local_test_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    copy = tmp_path / "run"
+    shutil.copytree(wd, copy, symlinks=True)
+    raw = json.loads(json.dumps(test_raw))
+    raw["train"].update(checkpoint_every=5, micro_batch_size=3, gradient_checkpointing=True,
+                        vllm_gpu_memory_utilization=0.5, max_sampling_rounds=4)
+    raw["models"]["tiny-s"].update(gpu_memory_gb=80.0, train_processes=2, label="Tiny")
+    raw["methods"]["ict"]["label"] = "ICT (ours)"
+    raw["resources"]["train"]["runtime"] = 20
+    assert dry_run_counts(copy, raw, "operational") == {"tables": 1}
+    raw["methods"]["top20"] = {"selector": "entropy_top", "rho": 0.2}
+    raw["experiment"]["methods"].append("top20")
+    assert dry_run_counts(copy, raw, "new-method") == {"train": 1, "evaluate": 1, "overlap": 1,
+                                                       "tables": 1}
+    raw["train"]["lr"] = 3e-4
+    assert dry_run_counts(copy, raw, "result")["train"] == 3
+
+
 # ----- walltime and retries from the cost plan ----------------------------------------------------
 def dry_run_runtimes(stdout: str) -> dict[str, set[int]]:
     """{rule: the runtimes its jobs ask for} of a dry run."""

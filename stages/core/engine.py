@@ -225,11 +225,15 @@ def init_distributed(launch: Launch, sequence_parallel: int = 1) -> Dist:
                 job=job)
 
 
-def build_engine(model, tcfg: Train, world: int | None = None, sp: Dist | None = None):
+def build_engine(model, tcfg: Train, world: int | None = None, sp: Dist | None = None,
+                 load_universal: bool = False):
     """DeepSpeed around the policy (a Policy: the causal LM's trunk and head in one module) with a
     client torch AdamW (DeepSpeed's own would JIT-compile). Under ZeRO-3 the head's parameters
     are registered as external parameters of the Policy, which is where the scorer reads them.
-    `sp`: the sequence-parallel group (Dist.sp) when train.sequence_parallel > 1."""
+    `sp`: the sequence-parallel group (Dist.sp) when train.sequence_parallel > 1.
+    load_universal: the engine's load_checkpoint will read a universal checkpoint (a resume
+    state saved on another world size, stages.core.resume); DeepSpeed reads the flag when the
+    engine is built, so it cannot be set later."""
     import deepspeed
 
     policy = as_policy(model)
@@ -237,7 +241,10 @@ def build_engine(model, tcfg: Train, world: int | None = None, sp: Dist | None =
     if tcfg.zero_stage == 3:
         policy.register_head()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config(tcfg),
+    config = ds_config(tcfg)
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
+    engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config,
                                       mpu=_mpu(tcfg))
     return engine
 

@@ -25,6 +25,7 @@ no advantage. A generation batch is `generation_batch_multiple` × prompts_per_s
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -121,6 +122,9 @@ class Sampled:
     reward: float = 0.0
     tokens: int = 0
     generation_batches: int = 0  # the same on every rank
+    cut: int = 0  # responses that reached their generation limit (finish reason "length")
+    generation_s: float = 0.0  # this rank's wall time in the sampler
+    reward_s: float = 0.0  # ... and grading
 
 
 @dataclass
@@ -149,6 +153,7 @@ class Group:
     rewards: list[float]
     correct: list[bool]
     logprobs: list[list[float]] | None
+    cut: int = 0  # responses that reached their generation limit
 
     def informative(self) -> bool:
         """DAPO: correctness varies within the group (its reward may vary without it)."""
@@ -197,18 +202,23 @@ def sample_groups(step: int, cfg: Config, run_seed: int, sampler, pool: PromptPo
     g = t.group_size
     k, me = (1, 0) if sp is None else (sp.world, sp.rank)
     mine = prompts[me::k]
+    began = time.perf_counter()
     samples = sampler.sample([pool.prompts[i] for i in mine], n=g, temperature=t.temperature,
                              top_p=t.top_p, max_new_tokens=[pool.limits[i] for i in mine],
                              prompt_seeds=rollout_seeds(run_seed, step, prompts)[me::k],
                              desc=f"step {step}")
+    graded = time.perf_counter()
     correct, rewards = rewards_of(cfg, pool, mine, samples)
+    sampled.generation_s += graded - began
+    sampled.reward_s += time.perf_counter() - graded
     out = []
     for j in range(len(mine)):
         rows = samples[j * g : (j + 1) * g]
         logprobs = [s.logprobs for s in rows]
         out.append(Group(rows[0].prompt_token_ids, [s.response_token_ids for s in rows],
                          rewards[j * g : (j + 1) * g].tolist(), correct[j * g : (j + 1) * g].tolist(),
-                         None if any(lp is None for lp in logprobs) else logprobs))
+                         None if any(lp is None for lp in logprobs) else logprobs,
+                         cut=sum(s.finish_reason == "length" for s in rows)))
     if k > 1:  # the group's groups in the order of `prompts`
         parts = sp.objects(out)
         out = [parts[i % k][i // k] for i in range(len(prompts))]
@@ -216,6 +226,7 @@ def sample_groups(step: int, cfg: Config, run_seed: int, sampler, pool: PromptPo
     sampled.correct += sum(sum(gr.correct) for gr in out)
     sampled.reward += float(torch.tensor([r for gr in out for r in gr.rewards], dtype=torch.float64).sum())
     sampled.tokens += sum(len(r) for gr in out for r in gr.response_ids)
+    sampled.cut += sum(gr.cut for gr in out)
     return out
 
 

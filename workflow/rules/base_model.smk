@@ -1,3 +1,6 @@
+from stages.keys import base_model_config_keys
+
+
 rule base_model:
     """Train a scratch model by SFT (or record a hub model's id) and write its base.json."""
     input:
@@ -12,7 +15,7 @@ rule base_model:
         data=lambda w, input: (
             f"--sft-data {input.sft} --eval-data {input.eval}" if "sft" in input.keys() else ""
         ),
-        config_hash=lambda w: config_hash(f"models/{w.size}", "seed"),
+        config_hash=lambda w: config_hash(*base_model_config_keys(w.size)),
     log:
         f"{RESULTS}/logs/base_model/{{size}}.log",
     threads: job_threads("base_model")

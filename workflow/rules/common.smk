@@ -4,7 +4,7 @@ import sys
 import yaml
 
 from stages.config import ConfigError, Gpus, validate
-from stages.keys import checkpoint_steps
+from stages.keys import checkpoint_steps, result_hash, save_signal_option
 
 # --configfile replaces the embedded default rather than being merged into it.
 if not workflow.overwrite_configfiles:
@@ -133,9 +133,11 @@ def final_targets():
     return [f"{tables_dir()}/{n}" for n in names["tables"]] + [f"{figures_dir()}/{n}" for n in names["figures"]]
 
 
-# A job reruns when the parts of the config it reads change, and only then.
+# A job reruns when the result keys of the parts of the config it reads change, and only then
+# (stages.keys: operational keys such as memory shares, checkpoint cadence, labels and a job's
+# GPUs are left out).
 def config_hash(*keys):
-    return CFG.section_hash(*keys)
+    return result_hash(CFG, *keys)
 
 
 # ----- what each job asks the scheduler for ---------------------------------------------------
@@ -232,6 +234,11 @@ def job_resources(rule):
         "tasks": lambda wildcards: job_nodes(rule, wildcards) if multi(wildcards) else None,
         "tasks_per_gpu": lambda wildcards: 0 if multi(wildcards) and gpus_per_node(wildcards) else None,
         "slurm_partition": lambda wildcards: job_partition(rule, wildcards),
+        # training: SIGURG train.save_before_limit_minutes before the time limit, on which the
+        # trainer saves a resume state and exits to be resubmitted (stages.core.resume); a
+        # --set-resources train:slurm_extra=... replaces it
+        "slurm_extra": lambda wildcards: save_signal_option(
+            CFG.train_for(wildcards.method, wildcards.size)) if rule == "train" else None,
     }
     resources.update({key: os.environ[var] for key, var in SITE_ENV.items() if os.environ.get(var)})
     return resources

@@ -1,3 +1,6 @@
+from stages.keys import token_stats_config_hash
+
+
 rule token_stats:
     """Per-token entropy, Renyi-2, JSD deviation and log-prob of the rollouts; selector picks; the
     readings of ICT's reference and their picks' profile (readings.parquet); figures."""
@@ -16,9 +19,9 @@ rule token_stats:
         py=PY,
         config=CONFIG_FILE,
         out_dir=lambda w: token_stats_dir(w.size),
-        config_hash=lambda w: config_hash(
-            "rollout", "token_stats", "methods", "experiment/methods", f"models/{w.size}", "seed"
-        ),
+        # of the methods, only the parameters of the selectors it reports: adding a method reruns
+        # it only when that changes them (stages.keys.token_stats_config_hash)
+        config_hash=lambda w: token_stats_config_hash(CFG, w.size),
     log:
         f"{RESULTS}/logs/token_stats/{{size}}.log",
     threads: job_threads("token_stats")

@@ -1,4 +1,4 @@
-from stages.keys import train_config_keys
+from stages.keys import train_config_hash
 
 
 rule train:
@@ -15,18 +15,13 @@ rule train:
     params:
         py=PY,
         config=CONFIG_FILE,
-        gpus=lambda w: CFG.models[w.size].gpus.train,
-        nodes=lambda w: CFG.models[w.size].train_nodes,
-        # one worker per GPU, or the config's CPU processes (train_processes), on each node
-        procs=lambda w: CFG.models[w.size].train_processes_per_node(),
-        # torch threads of each worker: the node's CPUs (the job's threads) shared by its workers
-        worker_threads=lambda w, threads: max(1, threads // CFG.models[w.size].train_processes_per_node()),
         out_dir=lambda w: train_dir(w.size, w.method, w.seed),
         # resume checkpoints: not an output, so Snakemake never deletes them; the job removes
         # them once its outputs are written
         resume_dir=lambda w: f"{RESULTS}/resume/size={w.size}/method={w.method}/seed={w.seed}",
-        # exactly what stages.train reads (stages.train.config_keys)
-        config_hash=lambda w: config_hash(*train_config_keys(CFG, w.size, w.method)),
+        # the result keys of what stages.train reads (stages.keys.train_result_config): an
+        # operational edit (memory share, checkpoint cadence, label, GPUs) reruns nothing
+        config_hash=lambda w: train_config_hash(CFG, w.size, w.method),
     log:
         f"{RESULTS}/logs/train/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("train")
@@ -35,12 +30,21 @@ rule train:
     retries: TRAIN_RETRIES
     resources:
         **job_resources("train"),
+        # The launch layout is a resource, not a param: Snakemake reruns a job whose params
+        # changed, and moving a training to other GPUs, processes or CPUs changes how it runs,
+        # not its results (stages.keys; a resume state moves through a universal checkpoint).
+        # GPUs of the whole job; one worker per GPU, or the config's CPU processes
+        # (train_processes), on each node
+        launch_gpus=lambda w: CFG.models[w.size].gpus.train,
+        workers_per_node=lambda w: CFG.models[w.size].train_processes_per_node(),
+        # torch threads of each worker: the node's CPUs (the job's threads) shared by its workers
+        worker_threads=lambda w, threads: max(1, threads // CFG.models[w.size].train_processes_per_node()),
     shell:
         # stages.launch checks each node's GPUs and starts the workers with torchrun: on this node,
         # or (train_nodes > 1, in SLURM) one torchrun agent per node through srun
-        "{params.py} -m stages.launch --gpus {params.gpus} --nodes {params.nodes}"
-        " --procs-per-node {params.procs} --"
+        "{params.py} -m stages.launch --gpus {resources.launch_gpus} --nodes {resources.nodes}"
+        " --procs-per-node {resources.workers_per_node} --"
         " {params.py} -m stages.train --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --prompts {input.prompts} --out-dir {params.out_dir} --resume-dir {params.resume_dir}"
-        " --threads {params.worker_threads} 2>&1 | tee {log}"
+        " --threads {resources.worker_threads} 2>&1 | tee {log}"
