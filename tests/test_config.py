@@ -189,7 +189,8 @@ def test_names_cannot_break_paths(default_raw):
 
 def test_k_must_fit_n(default_raw):
     default_raw["evaluate"]["k"] = [1, 16]
-    assert "evaluate.k: every k must be in [1, n=8]" in errors_of(default_raw)
+    n = default_raw["evaluate"]["n"]
+    assert f"evaluate.k: every k must be in [1, n={n}]" in errors_of(default_raw)
 
 
 def test_several_errors_are_all_reported(default_raw):

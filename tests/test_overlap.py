@@ -75,6 +75,7 @@ def overlap_stage(d, cfg, model, out, tokens="tokens.parquet"):
                      "--out", str(d / out))
 
 
+@pytest.mark.slow
 def test_the_stage_overlaps_a_model_with_itself_fully_and_another_less(files):
     d, cfg = files
     for model, out in (("base", "same.parquet"), ("other", "other.parquet")):

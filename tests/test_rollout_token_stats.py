@@ -83,6 +83,7 @@ def test_hf_backend_greedy_matches_unbatched(setup):
     assert [x.response_token_ids for x in batched] == [x.response_token_ids for x in alone]
 
 
+@pytest.mark.slow
 def test_rollout_bad_inputs(setup, tmp_path):
     d, cfg = setup
     (tmp_path / "base.json").write_text(json.dumps({"kind": "scratch", "path": "missing"}))
@@ -697,6 +698,7 @@ def test_bf16_model_statistics_match_float32(setup):
     assert float(out[torch.float32]["u"].max()) > 1e-3  # u is not all zeros
 
 
+@pytest.mark.slow
 def test_token_stats_refuses_foreign_rollouts(setup, rolled, tmp_path):
     d, cfg = setup
     frame = pl.read_parquet(rolled)

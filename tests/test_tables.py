@@ -543,6 +543,7 @@ def test_glob_and_latex_escape():
 
 @pytest.mark.skipif(not (ROOT / "workflow" / "rules" / "train.smk").exists(),
                     reason="the training rules (issue 4) are not in the workflow yet")
+@pytest.mark.slow
 @pytest.mark.parametrize("name, evaluations", [("test.yaml", 1 * 3 * 1), ("paper.yaml", 3 * 5 * 5)])
 def test_dry_run_reaches_the_tables(tmp_path, monkeypatch, name, evaluations):
     """`rule all` ends at the tables: every size x (base + methods) x seed is evaluated, one job

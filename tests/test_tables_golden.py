@@ -55,6 +55,7 @@ def rendered(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_every_output_is_byte_identical_to_the_goldens(rendered):
     got, want = written(rendered), written(GOLDEN)
     assert sorted(got) == sorted(want), "the stage writes other files than the goldens"

@@ -539,6 +539,7 @@ def _virtual_worker(out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_virtual_micro_batches_are_verls_on_two_processes(tmp_path):
     """Two physical ranks, each computing 2 of verl's 4 data-parallel groups (its sequences moved
     there from the ranks that sampled them): the same masks, loss and averaged gradients as

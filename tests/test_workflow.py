@@ -69,6 +69,7 @@ def trained_methods(stdout: str) -> set[str]:
     return set(re.findall(r"/train/size=[^/\s]+/method=([^/\s]+)/seed=\d+/model\.json", stdout))
 
 
+@pytest.mark.slow
 def test_dry_run_paper_lists_the_grid_offline(tmp_path, monkeypatch):
     proc = paper_dry_run(ROOT / "config" / "paper.yaml", tmp_path, monkeypatch)
     counts = job_counts(proc.stdout)
@@ -87,6 +88,7 @@ def test_dry_run_paper_lists_the_grid_offline(tmp_path, monkeypatch):
     assert "tiny-s" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_dry_run_paper_with_the_ablation_presets(tmp_path, monkeypatch):
     raw = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     raw["experiment"]["methods"] += PAPER_ABLATIONS
