@@ -10,7 +10,7 @@ import json
 import pytest
 
 from stages.core.live import LIVE_FILE, LiveMetrics
-from tests.test_train import tensorboard_scalars, wandb_records
+from tests.test_train import tensorboard_scalars, wandb_attempts
 
 
 def rows(steps) -> list[dict]:
@@ -60,19 +60,19 @@ def test_tensorboard_shows_each_step_once_with_the_resumed_values(tmp_path):
 
 
 def test_wandb_offline_runs_are_two_attempts_of_one_run(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by default
-    two_attempts(tmp_path, ["wandb"])
-    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2, runs
-    ids, history = set(), []
-    for run in runs:
-        (path,) = run.glob("run-*.wandb")
-        records = wandb_records(path)
-        ids |= {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
-        history.append({r.history.step.num: {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                                             for i in r.history.item}
-                        for r in records if r.WhichOneof("record_type") == "history"})
+    # W&B in this process starts its service and names it in os.environ (WANDB_SERVICE): a
+    # training started later by this pytest process would inherit it and fail to attach, so the
+    # service ends with this test
+    monkeypatch.setenv("WANDB_SERVICE", "")
+    monkeypatch.delenv("WANDB_SERVICE")
+    try:
+        two_attempts(tmp_path, ["wandb"])
+    finally:
+        wandb.teardown()
+    ids, history = wandb_attempts(tmp_path)
+    assert len(history) == 2, history
     assert len(ids) == 1, ids
     assert sorted(history[0]) == [0, 1, 2, 3] and sorted(history[1]) == [2, 3, 4]
     for step, row in history[1].items():

@@ -489,6 +489,20 @@ def wandb_records(path) -> list:
     return records
 
 
+def wandb_attempts(folder) -> tuple[set[str], list[dict[int, dict]]]:
+    """The offline W&B runs under folder/wandb, oldest first: (their run ids, each run's history
+    {step: {key: value}})."""
+    ids, history = set(), []
+    for run in sorted((folder / "wandb").glob("offline-run-*")):
+        (path,) = run.glob("run-*.wandb")
+        records = wandb_records(path)
+        ids |= {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
+        history.append({r.history.step.num: {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                             for i in r.history.item}
+                        for r in records if r.WhichOneof("record_type") == "history"})
+    return ids, history
+
+
 INSTALLED_LOGGERS = [name for name in LOGGERS if importlib.util.find_spec(name) is not None]
 """train.loggers whose optional extra is installed (CI installs both: the dev extra)."""
 
@@ -505,16 +519,8 @@ def check_loggers(out, metrics: pl.DataFrame, saved: int) -> None:
                                                                rel=1e-6), column
     if "wandb" not in INSTALLED_LOGGERS:
         return
-    runs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2, runs
-    ids, history = set(), []
-    for run in runs:
-        (path,) = run.glob("run-*.wandb")
-        records = wandb_records(path)
-        ids |= {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
-        history.append({r.history.step.num: {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                                             for i in r.history.item}
-                        for r in records if r.WhichOneof("record_type") == "history"})
+    ids, history = wandb_attempts(out)
+    assert len(history) == 2, history
     assert len(ids) == 1, ids  # the resumed attempt continued the same run
     # W&B's service buffers its file: of an attempt killed by SIGKILL only what it flushed is
     # there (often nothing); every step from the resume state's on is in the resumed attempt's
