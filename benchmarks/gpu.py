@@ -7,9 +7,9 @@ Needs torch and transformers only (no network, no weights): the models are rando
 Qwen2ForCausalLM with the published configs' dimensions (0.5B: hidden 896, 24 layers, 14 heads,
 2 KV heads, intermediate 4,864; 1.5B: hidden 1,536, 28 layers, 12 heads, 2 KV heads,
 intermediate 8,960; both V = 151,936, tied embeddings), in bf16, with a batch of 4 × 2,048
-response tokens after a 64-token prompt. From `stages` it imports only stages.core.stats,
-stages.core.scorer (and through it scoring and progress: tqdm, which transformers requires) and
-stages.core.losses; not stages.core.selectors, which imports pydantic, so the 20-Entropy top-ρ
+response tokens after a 64-token prompt. From `stages` it imports only stages.core.statistics.stats,
+stages.core.statistics.scorer (and through it scoring and progress: tqdm, which transformers requires) and
+stages.core.training.losses; not stages.core.training.selectors, which imports pydantic, so the 20-Entropy top-ρ
 selection is written out below (the same rule: ceil(ρN) highest entropies, ties earliest first).
 
 Rows, per model, each a ratio candidate / baseline measured in this process (below 1: better):
@@ -72,8 +72,7 @@ from harness import ROOT, chunked_matmul, measured  # benchmarks/harness.py, bes
 from token_stats import naive_statistics  # the naive baseline, one implementation
 
 sys.path.insert(0, str(ROOT))
-from stages.core.losses import clipped_surrogate  # noqa: E402  (pure torch)
-from stages.core.scorer import (  # noqa: E402
+from stages.core.statistics.scorer import (  # noqa: E402
     Chunks,
     Scope,
     head_logprob,
@@ -81,7 +80,8 @@ from stages.core.scorer import (  # noqa: E402
     score_scope,
     trunk_hidden,
 )
-from stages.core.stats import chunked_token_statistics  # noqa: E402
+from stages.core.statistics.stats import chunked_token_statistics  # noqa: E402
+from stages.core.training.losses import clipped_surrogate  # noqa: E402  (pure torch)
 
 log = logging.getLogger("benchmarks.gpu")
 OOM_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),)

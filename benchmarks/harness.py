@@ -67,7 +67,7 @@ def chunked_matmul(hidden: torch.Tensor, weight: torch.Tensor, chunk_positions: 
     chunk_vocab, in the compute dtype: float32, float64 for float64 inputs, into one reused
     buffer, as stats._Source.block forms them) and nothing else.
 
-    Every chunked kernel of stages.core.stats forms these blocks once per pass over the
+    Every chunked kernel of stages.core.statistics.stats forms these blocks once per pass over the
     vocabulary, so this is their physical limit on a CPU: a kernel's time over this one is its
     number of passes plus the cost of its own work. Unlike a naive baseline it moves with the
     machine's matmul speed only. hidden (N, D), weight (V, D), on the weight's device."""

@@ -11,12 +11,12 @@ steps). Three ways of forming the micro-batches whose tokens are ranked and aver
 - before: the package's micro-batches until this change (and what the review measured):
   consecutive sequences of a rank's mini-batch of whole groups (the mini-batch's 32 prompts split
   over our data-parallel ranks: 8B on 8 ranks, 14B on 4 ranks with sequence parallelism 2, 32B on 8
-  with 2), within 22,528 tokens counted with padding (stages.core.batching.micro_batches); a
+  with 2), within 22,528 tokens counted with padding (stages.core.statistics.batching.micro_batches); a
   micro-batch's weight |m| / B_rank / n_sel(m) / ranks.
 - minibatch: `selection_scope: minibatch` (the review's stop-gap): the whole mini-batch of 512
   sequences ranks its tokens, weights 1 / n_sel(mini-batch).
 - after (and the released code): verl's micro-batches in the released 14B script's layout
-  (stages.core.batching.virtual_step: 128 GPUs, sequence parallelism 8, 22,528 × 8 unpadded tokens),
+  (stages.core.statistics.batching.virtual_step: 128 GPUs, sequence parallelism 8, 22,528 × 8 unpadded tokens),
   weights |P| / 32 / n_sel(P) / 16 — what `selection_scope: microbatch` now trains with.
 
 Columns:
@@ -50,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stages.core.batching import micro_batches, virtual_step  # noqa: E402
+from stages.core.statistics.batching import micro_batches, virtual_step  # noqa: E402
 
 PROMPTS, GROUP, MINI, PROMPT_TOKENS, CAP, RHO = 512, 16, 32, 150, 20480, 0.2
 BUDGET = 22528  # the script's ppo_max_token_len_per_gpu; the package's former micro_batch_tokens

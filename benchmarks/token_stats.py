@@ -12,13 +12,13 @@ token, max probability, logsumexp) from hidden states (N, 896) and a random LM h
 - naive: logits = h · W^T for all positions (N × V float32), p = softmax(logits), then
   reductions; einsum keeps the reductions from allocating a third N × V tensor, so the naive
   peak is about two N × V float32 tensors — a strong baseline, not a strawman.
-- chunked: :func:`stages.core.stats.chunked_token_statistics` (jsd=False, the same quantities);
+- chunked: :func:`stages.core.statistics.stats.chunked_token_statistics` (jsd=False, the same quantities);
 - matmul: the chunked logits matmul alone (harness.chunked_matmul: the blocks of h · W^T at the
   same chunk sizes and nothing else), the limit of every chunked kernel on a CPU. Naive baselines
   move between machines (the naive path ran twice as fast on one 2-core machine as on another);
   a ratio to this one moves only with what the kernel does beyond its matmuls.
 
-The second table is ICT's uniqueness u (:func:`stages.core.stats.group_step_jsd`, without a
+The second table is ICT's uniqueness u (:func:`stages.core.statistics.stats.group_step_jsd`, without a
 precomputed logsumexp, so two passes over the vocabulary: the logsumexp, then the per-key sums
 and the divergences, over logits formed once and kept between them, stats.CACHE_BLOCKS) and the
 token statistics (H, H2, log p: one pass), on one group of --group-responses responses ×
@@ -88,7 +88,7 @@ def naive_statistics(hidden, weight, token_ids, temperature=1.0):
 
 
 def _chunked(hidden, weight, token_ids, chunk_positions, chunk_vocab):
-    from stages.core.stats import chunked_token_statistics
+    from stages.core.statistics.stats import chunked_token_statistics
 
     return chunked_token_statistics(
         hidden, weight, token_ids, TEMPERATURE,
@@ -121,7 +121,7 @@ def group_worker(responses: int, steps: int, chunk_positions: int, chunk_vocab: 
                  repeats: int) -> dict[str, list[float]]:
     """Seconds of the chunked matmul alone, the token statistics and group_step_jsd on one group,
     in this (fresh) process, in turn for `repeats` rounds (harness.interleaved)."""
-    from stages.core.stats import group_step_jsd
+    from stages.core.statistics.stats import group_step_jsd
 
     torch.manual_seed(0)
     weight = torch.randn(VOCAB, HIDDEN) / math.sqrt(HIDDEN)  # (V, D)
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    from stages.core import stats
+    from stages.core.statistics import stats
 
     cp = args.chunk_positions or stats.CHUNK_POSITIONS
     cv = args.chunk_vocab or stats.CHUNK_VOCAB

@@ -9,13 +9,13 @@ The model is a Qwen2ForCausalLM with Qwen2.5's vocabulary (151,936, tied embeddi
 Qwen2.5-0.5B/1.5B) and a small trunk (hidden 256, 2 layers), so the language-model head dominates
 as it does in RLVR on small models. The batch is 8 responses of 512 sampled tokens after a
 32-token prompt. Both paths do the whole step: trunk forward with gradient
-(stages.core.scorer.trunk_hidden), per-token entropy without gradient, the 20-Entropy selector
+(stages.core.statistics.scorer.trunk_hidden), per-token entropy without gradient, the 20-Entropy selector
 (top ρ of the entropies; ρ = 1 selects every token: GRPO), the clipped surrogate over the
 selected tokens (denominator `selected`), backward, gradient clipping and an AdamW step.
 
 - full: the head and log-softmax at every response position with gradient, the entropy from
   those logits, then the mask applied to the per-token loss (what TRL and verl do);
-- selective: the trainer's numerics (stages.core.scorer): chunked statistics of every position
+- selective: the trainer's numerics (stages.core.statistics.scorer): chunked statistics of every position
   without gradient (stats.chunked_token_statistics), selection, then the chunked head with
   gradient (scorer.head_logprob) at the selected positions only. At ρ = 1 that is every
   position, so the row compares the chunked head (forward and backward in blocks of
@@ -92,7 +92,7 @@ def build(dims: Dims, responses: int, response_tokens: int, seed: int = 0):
 
 def response_hidden(model, prompts, responses):
     """Hidden states (N, D) predicting every response token, with gradient."""
-    from stages.core.scorer import response_rows, trunk_hidden
+    from stages.core.statistics.scorer import response_rows, trunk_hidden
 
     hidden, flat = trunk_hidden(model, prompts, responses, PAD_ID, "cpu")
     return response_rows(hidden, flat)
@@ -100,7 +100,7 @@ def response_hidden(model, prompts, responses):
 
 def entropy_mask(entropy, rho):
     """The 20-Entropy selection (B, T) at ρ (every token at ρ = 1)."""
-    from stages.core.selectors import SelectionInput, select_tokens
+    from stages.core.training.selectors import SelectionInput, select_tokens
 
     valid = torch.ones_like(entropy, dtype=torch.bool)
     return select_tokens("entropy_top", SelectionInput(valid=valid, entropy=entropy), rho=rho)
@@ -108,7 +108,7 @@ def entropy_mask(entropy, rho):
 
 def full_step(model, prompts, responses, targets, advantages, rho, mask=None):
     """Head at every response position with gradient; returns (loss, mask)."""
-    from stages.core.losses import aggregate_loss, clipped_surrogate
+    from stages.core.training.losses import aggregate_loss, clipped_surrogate
 
     hidden = response_hidden(model, prompts, responses)  # (N, D)
     logits = model.get_output_embeddings()(hidden).float()  # (N, V); float32 model: no copy
@@ -130,9 +130,9 @@ def full_step(model, prompts, responses, targets, advantages, rho, mask=None):
 def selective_step(model, prompts, responses, targets, advantages, rho, mask=None):
     """The trainer's numerics: chunked statistics without gradient, then the chunked head with
     gradient only where selected."""
-    from stages.core.losses import clipped_surrogate, loss_weights
-    from stages.core.scorer import head_logprob
-    from stages.core.stats import chunked_token_statistics
+    from stages.core.statistics.scorer import head_logprob
+    from stages.core.statistics.stats import chunked_token_statistics
+    from stages.core.training.losses import clipped_surrogate, loss_weights
 
     head = model.get_output_embeddings()
     rows = response_hidden(model, prompts, responses)  # (N, D)
@@ -187,7 +187,7 @@ def check_agreement(dims: Dims, responses: int, response_tokens: int, rho: float
 
 def matmul_worker(dims: Dims, responses: int, response_tokens: int) -> dict:
     """The chunked logits matmul alone at every response position, in this (fresh) process."""
-    from stages.core.stats import CHUNK_POSITIONS, CHUNK_VOCAB
+    from stages.core.statistics.stats import CHUNK_POSITIONS, CHUNK_VOCAB
 
     torch.manual_seed(0)
     weight = torch.randn(dims.vocab, dims.hidden)  # (V, D) as the tied embeddings

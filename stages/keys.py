@@ -150,7 +150,7 @@ REPORTED = {"entropy20": "entropy_top", "stapo": "stapo", "ict": "ict"}
 def selector_params(cfg: Config, selector: str) -> dict:
     """Parameters of the first experiment method that uses `selector`, else the defaults of the
     selector's registered parameter model (METHODS §3)."""
-    from .core.selectors import spec_of
+    from .core.training.selectors import spec_of
 
     for name in cfg.experiment.methods:
         if cfg.methods[name].selector == selector:
@@ -259,7 +259,7 @@ def save_signal_option(tcfg: Train) -> str | None:
     """The sbatch option of a training job that asks SLURM for SIGURG
     train.save_before_limit_minutes before its time limit (whole seconds, at most 65535): the
     trainer then writes a resume state at the next step boundary and exits, to be resubmitted
-    (stages.core.resume says why this signal). None when the key is None."""
+    (stages.core.training.resume says why this signal). None when the key is None."""
     if tcfg.save_before_limit_minutes is None:
         return None
     return f"--signal=URG@{min(65535, round(60 * tcfg.save_before_limit_minutes))}"

@@ -7,7 +7,7 @@
         --out results/<run>/overlap/size=S/method=M/seed=K/overlap.parquet
 
 The base model's rollouts are teacher-forced through the trained model at the rollout temperature,
-exactly as the token-statistics stage forced them through the base model (stages.core.scoring.
+exactly as the token-statistics stage forced them through the base model (stages.core.statistics.scoring.
 stream_statistics: group by group, one pass, in token_stats.dtype, reductions in float32). A = the
 top `token_stats.overlap_top` fraction of the file's positions by the base model's entropy (its
 tokens.parquet), B = the same fraction by the trained model's entropy; both are ceil(ρN) positions (ties: the earliest, as the selectors),
@@ -25,10 +25,10 @@ import torch
 
 from . import cli
 from .config import Config, ConfigError
-from .core.io import ArtifactError, provenance, read_parquet, write_parquet
-from .core.modeling import load_model_and_tokenizer
-from .core.scoring import stream_statistics
-from .core.selectors import count, top_k_first
+from .core.common.io import ArtifactError, provenance, read_parquet, write_parquet
+from .core.models.modeling import load_model_and_tokenizer
+from .core.statistics.scoring import stream_statistics
+from .core.training.selectors import count, top_k_first
 from .keys import overlap_config_keys as config_keys
 from .keys import result_hash
 from .rollout import ROLLOUT_SCHEMA

@@ -9,7 +9,7 @@ host memory per node against the job's `resources.<rule>.mem_mb`. A job does not
 exceeds the size's `models.<size>.gpu_memory_gb` (or --gpu-memory-gb), when a vLLM engine's
 share cannot hold its weights and one sequence, or when its host memory exceeds its request;
 the plan then exits 1 naming each such job and its figure in GB (GB = 2**30 bytes). The
-formulas and their calibration are in stages.core.memory; the workflow runs :func:`check_plan`
+formulas and their calibration are in stages.core.plans.memory; the workflow runs :func:`check_plan`
 before scheduling.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .config import Config, ConfigError, Gpus, load_config
-from .core import memory as mem
-from .core.memory import GB, Arch, Figure, Layout, Term
+from .core.plans import memory as mem
+from .core.plans.memory import GB, Arch, Figure, Layout, Term
 
 KINDS = ("rollout", "token_stats", "train", "evaluate")
 
@@ -80,7 +80,7 @@ class JobPlan:
 # ---------------------------------------------------------------------------------------------
 @lru_cache(maxsize=1)
 def _tokenizer_size() -> int:
-    from .core.modeling import build_tokenizer
+    from .core.models.modeling import build_tokenizer
 
     return len(build_tokenizer())
 
@@ -91,7 +91,7 @@ def model_arch(cfg: Config, size: str) -> Arch:
     if m.source == "scratch":
         return mem.scratch_arch(m.scratch, _tokenizer_size())
     if m.source == "gguf":
-        from .core.modeling import GgufNotFound, find_gguf
+        from .core.models.modeling import GgufNotFound, find_gguf
 
         try:
             path, _, _ = find_gguf(m.gguf.package, m.gguf.file)
@@ -214,7 +214,7 @@ def _train_plans(cfg: Config, size: str, arch: Arch, gpu_gb: float | None, gpu_k
                                              cfg.token_stats.chunk_vocab, sp, t.padding_free))
         problems = []
         if t.backend == "vllm":
-            # a bf16 policy's engine computes its head in float32 (stages.core.samplers): vLLM
+            # a bf16 policy's engine computes its head in float32 (stages.core.models.samplers): vLLM
             # 0.31 accumulates the bf16 product into float32 logits on CUDA, with no float32 copy
             # of the head's weight (its logits are in the workspace)
             needs = mem.vllm_needs(arch, w, tp, seq)

@@ -9,9 +9,9 @@ import collections
 
 from . import cli
 from .config import Config, ConfigError, GeneratedSource
-from .core.adapters import DAPO_INSTRUCTION
-from .core.io import provenance, write_parquet
-from .core.problems import PROBLEM_SCHEMA, Problem, generate_arithmetic, render_prompt
+from .core.common.io import provenance, write_parquet
+from .core.data.adapters import DAPO_INSTRUCTION
+from .core.data.problems import PROBLEM_SCHEMA, Problem, generate_arithmetic, render_prompt
 
 STAGE_VERSION = "1"
 
@@ -31,7 +31,7 @@ def load_problems(cfg: Config, name: str) -> list[Problem]:
             source=f"generated:{name}",
             style=src.style,
         )
-    from .core import adapters  # imports datasets only when a real source is read
+    from .core.data import adapters  # imports datasets only when a real source is read
 
     if src.kind == "hub":
         return adapters.load_hub(src, f"hub:{src.dataset}")

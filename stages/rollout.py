@@ -14,10 +14,10 @@ import pyarrow as pa
 
 from . import cli
 from .config import Config, ConfigError
-from .core.backends import SamplingSettings, generate
-from .core.grading import grade_many
-from .core.io import provenance, read_parquet, write_parquet
-from .core.problems import PROBLEM_SCHEMA
+from .core.common.io import provenance, read_parquet, write_parquet
+from .core.data.problems import PROBLEM_SCHEMA
+from .core.models.backends import SamplingSettings, generate
+from .core.reward.grading import grade_many
 from .keys import result_hash
 from .keys import rollout_config_keys as config_keys
 

@@ -5,8 +5,8 @@
         --out-dir results/<run>/token_stats/size=NAME
 
 Every rollout is teacher-forced through the model (in token_stats.dtype) at the rollout
-temperature, and the statistics come from stages.core.stats, streamed group by group
-(stages.core.scoring.stream_statistics): the trunk runs in batches of a token budget without a KV
+temperature, and the statistics come from stages.core.statistics.stats, streamed group by group
+(stages.core.statistics.scoring.stream_statistics): the trunk runs in batches of a token budget without a KV
 cache, and one group's hidden states (on the CPU; the statistics move them to the head's device
 block by block) exist at a time; `jsd` takes a second pass. `ict_u` is ICT's uniqueness
 u_{i,t} = JSD(p_{i,t} ‖ P̄_t), the groups being the responses of one problem_id and t the
@@ -30,7 +30,7 @@ rule alone.
 The probability the paper reports can be read two ways (docs/science.md): the response's own
 probability of its token p_{i,t}(y_{i,t}) (prob_*), or the group's, P̄_t(y_{i,t}) (ref_prob_*). So
 every row also profiles its reference at the picks, computed in the same pass over the vocabulary
-as u (stages.core.stats.group_step_reference, float64): the reference's probability of the picked
+as u (stages.core.statistics.stats.group_step_reference, float64): the reference's probability of the picked
 token (ref_prob_*), the same with the token's response left out of the mean (ref_prob_out_*), the
 reference's β = Σ_a P̄(a)² (beta_*), and the same restricted to the picks at diverged positions
 (whose response prefix no other active response of the group shares; diverged_*). A reading
@@ -51,14 +51,15 @@ import torch
 
 from . import cli
 from .config import Config, ConfigError
-from .core import plots
-from .core.io import ArtifactError, provenance, read_parquet, write_json, write_parquet
-from .core.losses import group_advantages
-from .core.modeling import load_model_and_tokenizer
-from .core.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB, ICT_SOURCE
-from .core.scorer import DEVIATIONS, reference_key, self_weight, without_response
-from .core.scoring import stream_statistics
-from .core.selectors import (
+from .core.common.io import ArtifactError, provenance, read_parquet, write_json, write_parquet
+from .core.models.modeling import load_model_and_tokenizer
+from .core.report import plots
+from .core.report.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB, ICT_SOURCE
+from .core.statistics.scorer import DEVIATIONS, reference_key, self_weight, without_response
+from .core.statistics.scoring import stream_statistics
+from .core.statistics.stats import CEILING_RTOL, REFERENCE_FIELDS, at_ceiling, diverged_positions
+from .core.training.losses import group_advantages
+from .core.training.selectors import (
     ICT_LABELS,
     ICT_SCORES,
     ICT_VARIANTS,
@@ -69,7 +70,6 @@ from .core.selectors import (
     spec_of,
     valid_grid,
 )
-from .core.stats import CEILING_RTOL, REFERENCE_FIELDS, at_ceiling, diverged_positions
 from .keys import REPORTED, reported_params, selector_params, token_stats_config_hash  # noqa: F401  (re-exported)
 from .rollout import ROLLOUT_SCHEMA
 
@@ -476,7 +476,7 @@ def reference_profile(picked: torch.Tensor, prob: torch.Tensor, reference: dict[
 
 def reported_columns(reading: str) -> dict:
     """The reported_* columns of a readings row: what ICT's paper reports of its picks, on the
-    paper rule's row only (stages.core.reported)."""
+    paper rule's row only (stages.core.report.reported)."""
     mine = reading == "paper"
     prob_mean, prob_sd = ICT_SELECTED_PROB
     return {

@@ -12,22 +12,22 @@ Several processes (one per GPU, or CPU processes with gloo): put
 
 The loop of one rollout step, each part in its own module:
 
-1. stages.core.rollouts: sample `group_size` responses for each of the step's prompts from the
+1. stages.core.training.rollouts: sample `group_size` responses for each of the step's prompts from the
    current policy, grade them, group-relative advantages (DAPO filtering and overlong penalty
    when configured);
-2. stages.core.scorer: the sampling pass — every response token scored once, without gradient,
+2. stages.core.statistics.scorer: the sampling pass — every response token scored once, without gradient,
    by the policy that sampled (entropy, Rényi-2, log-prob, and the deviations the method's
    selector needs, per mini-batch scope);
-3. stages.core.actor: per mini-batch (`ppo_epochs` passes), one optimizer step on the selected
+3. stages.core.training.actor: per mini-batch (`ppo_epochs` passes), one optimizer step on the selected
    tokens. The first mini-batch of the first epoch is on-policy and selects on the sampling
    pass's scores; later ones select on them too unless `methods.<m>.rescore` asks for the
    current policy's (a rescoring pass, only for selectors that need statistics);
-4. stages.core.engine / samplers: DeepSpeed reduces float32 gradients across ranks, clips and
+4. stages.core.models.engine / samplers: DeepSpeed reduces float32 gradients across ranks, clips and
    steps; the sampler picks up the new weights (vLLM: woken, weights loaded group by group).
 
 The module is in train mode (dropout must be 0, checked), so `train.gradient_checkpointing` can
 recompute the trunk's activations; the same config gives the same metrics.
-DeepSpeed runs ZeRO stage 0-3 (`train.zero_stage`) around one module, stages.core.policy.Policy
+DeepSpeed runs ZeRO stage 0-3 (`train.zero_stage`) around one module, stages.core.models.policy.Policy
 (trunk and head). Under ZeRO-3 every parameter is a shard, gathered collectively in every
 forward, so every rank runs equally many forwards on every path (generation with synced_gpus and
 equally many generate() calls; scoring, the actor and the reference padded to the most
@@ -39,16 +39,16 @@ model.
 `train.sequence_parallel` k (DeepSpeed Ulysses): groups of k consecutive ranks hold the same
 sequences, each running a slice of their positions; prompts split over the world / k
 data-parallel ranks, the ranks of a group sample a share of their prompts each and exchange the
-graded groups (stages.core.rollouts), and the scorer and the actor gather what spans positions
+graded groups (stages.core.training.rollouts), and the scorer and the actor gather what spans positions
 within the group. `train.padding_free`: a micro-batch is one row of its sequences back to back
 (position ids from 0 in each), costing its tokens against `micro_batch_tokens`.
 Outputs in --out-dir: `final/` (Hugging Face layout, tokenizer, resolved config), `metrics.parquet`
 (one row per step), `summary.json`, and `model.json` last ({"kind": "scratch", "path": "final"}).
 While it runs: `metrics.jsonl`, each step's row as the step ends, and train.loggers' TensorBoard
-and W&B runs (stages.core.live); a log line per step.
+and W&B runs (stages.core.training.live); a log line per step.
 Resume states go to --resume-dir, a folder Snakemake does not delete: every `checkpoint_every`
 steps, every `checkpoint_every_minutes`, and on SIGURG (SLURM's signal before the time limit),
-after which the job exits with status 75 to be resubmitted (stages.core.resume). The same command
+after which the job exits with status 75 to be resubmitted (stages.core.training.resume). The same command
 continues from the last one and reaches the same final metrics, also after operational edits of
 the config (stages.keys), and on another number of processes through a universal checkpoint; a
 changed result key is refused by name. The `save_every` checkpoints wait there too, and move to
@@ -73,9 +73,16 @@ import torch.distributed
 from . import cli
 from .base_model import RESOLVED_CONFIG
 from .config import Config, ConfigError, Method, Train
-from .core.actor import Update, actor_step
-from .core.batching import VirtualStep
-from .core.engine import (
+from .core.common.io import (
+    ArtifactError,
+    atomic_dir,
+    provenance,
+    read_parquet,
+    write_json,
+    write_parquet,
+)
+from .core.data.problems import PROBLEM_SCHEMA
+from .core.models.engine import (
     Dist,
     build_engine,
     build_reference,
@@ -84,19 +91,13 @@ from .core.engine import (
     partitioned_loading,
     resolve_launch,
 )
-from .core.io import (
-    ArtifactError,
-    atomic_dir,
-    provenance,
-    read_parquet,
-    write_json,
-    write_parquet,
-)
-from .core.live import LiveMetrics
-from .core.policy import full_state_dict
-from .core.problems import PROBLEM_SCHEMA
-from .core.resume import EXIT_RESUBMIT, SaveTriggers, check_universal, convert_to_universal
-from .core.rollouts import (
+from .core.models.policy import full_state_dict
+from .core.statistics.batching import VirtualStep
+from .core.statistics.scorer import Chunks, score_scope
+from .core.training.actor import Update, actor_step
+from .core.training.live import LiveMetrics
+from .core.training.resume import EXIT_RESUBMIT, SaveTriggers, check_universal, convert_to_universal
+from .core.training.rollouts import (
     PromptPool,
     Rollouts,
     Sampled,
@@ -106,8 +107,7 @@ from .core.rollouts import (
     split_minibatches,
     virtual_minibatches,
 )
-from .core.scorer import Chunks, score_scope
-from .core.selectors import STATISTICS
+from .core.training.selectors import STATISTICS
 from .keys import (  # noqa: F401  (re-exported)
     checkpoint_name,
     checkpoint_steps,
@@ -122,7 +122,7 @@ STAGE_VERSION = "5"  # 5: phase times, the length-limit share, the resume record
 STATE_FILE = "state.json"
 
 SEQLEN_STATS = ("min", "max", "minmax_diff", "balanced_min", "balanced_max", "mean")
-"""verl's global_seqlen/* (stages.core.batching.balance_stats)."""
+"""verl's global_seqlen/* (stages.core.statistics.batching.balance_stats)."""
 PHASES = ("generation", "reward", "scoring", "training", "weight_sync")
 """The parts of a step timed (verl's timing_s/gen, reward, old_log_prob, update_actor,
 update_weights): the time_<phase>_s columns."""
@@ -264,7 +264,7 @@ def train_step(step: int, engine, roll: Rollouts, method: Method, cfg: Config, d
                timer: dict | None = None) -> tuple[list[Update], Rollouts, VirtualStep | None]:
     """The sampling pass and the step's optimizer steps. Returns the updates, this rank's trained
     sequences with their sampling-pass scores (for the metrics) and, with selection_scope
-    microbatch, verl's layout of the step (its mini-batches: stages.core.rollouts.virtual_minibatches;
+    microbatch, verl's layout of the step (its mini-batches: stages.core.training.rollouts.virtual_minibatches;
     the selection needs the current policy's scores, so every mini-batch after the first is
     rescored: the config requires methods.<m>.rescore there). timer: seconds of the scoring
     passes and of the optimizer steps are added to its "scoring" and "training"."""
@@ -399,7 +399,7 @@ def read_state(resume_dir: Path, expected: str, record: dict | None = None,
 def resume_tag(state: dict, resume_dir: Path, tcfg: Train, launch) -> tuple[str, bool]:
     """(the DeepSpeed tag to load, whether it is a universal checkpoint): the state's own on its
     world size, else (ZeRO 1-3) its universal conversion, made once by rank 0
-    (stages.core.resume); ZeRO-0's single state file loads on any world size."""
+    (stages.core.training.resume); ZeRO-0's single state file loads on any world size."""
     saved = state["world_size"]
     if saved == launch.world:
         return state["tag"], False
@@ -474,8 +474,8 @@ def main(args, cfg: Config) -> None:
     state = read_state(resume_dir, expected, record, args)  # before anything is written
     load_tag, universal = resume_tag(state, resume_dir, tcfg, launch) if state else (None, False)
 
-    from .core.modeling import load_model_and_tokenizer
-    from .core.samplers import HfPolicySampler, VllmPolicySampler
+    from .core.models.modeling import load_model_and_tokenizer
+    from .core.models.samplers import HfPolicySampler, VllmPolicySampler
 
     # ZeRO-3 partitions the models as they load, in the process group; other stages start it
     # once the models have loaded (one that does not load then leaves no process group behind)
@@ -614,7 +614,7 @@ def main(args, cfg: Config) -> None:
 
 
 def cli_progress(start: int, total: int, desc: str, rank: int):
-    from .core.progress import progress
+    from .core.common.progress import progress
 
     return progress(total=total, initial=start, desc=desc, unit="step", disable=rank != 0)
 

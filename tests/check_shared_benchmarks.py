@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from stages.config import LocalSource
-from stages.core.adapters import AdapterError, load_local, read_records
-from stages.core.grading import grade_many
+from stages.core.data.adapters import AdapterError, load_local, read_records
+from stages.core.reward.grading import grade_many
 
 # (folder/file, adapter, fields, what we expect to see, from each PROVENANCE.md)
 FILES = [
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grade", action="store_true", help="grade every gold against itself")
     args = parser.parse_args(argv)
     handler = _Count()
-    logging.getLogger("stages.core.adapters").addHandler(handler)
+    logging.getLogger("stages.core.data.adapters").addHandler(handler)
     failures = 0
     print(f"{'file':32} {'adapter':14} {'records':>7} {'problems':>8} {'skipped':>7}  summary")
     for name, adapter, fields, expected in FILES:

@@ -62,7 +62,7 @@ def save_scratch_model(folder: Path, model, tokenizer) -> Path:
 
 def tiny_model(folder: Path, arch=TINY_ARCH, seed: int = 0):
     """(tokenizer, model) of an untrained tiny model, saved with save_scratch_model."""
-    from stages.core.modeling import build_scratch_model, build_tokenizer
+    from stages.core.models.modeling import build_scratch_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_scratch_model(arch, len(tok), tok.eos_token_id, seed=seed)
@@ -73,8 +73,8 @@ def tiny_model(folder: Path, arch=TINY_ARCH, seed: int = 0):
 def write_problems(path: Path, problems) -> Path:
     """A prepared-problems Parquet file of `problems` (Problem objects; prompts are rendered
     with the arithmetic template when they have none)."""
-    from stages.core.io import provenance, write_parquet
-    from stages.core.problems import PROBLEM_SCHEMA, render_prompt
+    from stages.core.common.io import provenance, write_parquet
+    from stages.core.data.problems import PROBLEM_SCHEMA, render_prompt
 
     rows = []
     for p in problems:

@@ -1,4 +1,4 @@
-"""verl's balancing and micro-batches (stages.core.batching): the partitions of the study's fork,
+"""verl's balancing and micro-batches (stages.core.statistics.batching): the partitions of the study's fork,
 ties included, a hand-worked case, and the layout's invariants for any lengths.
 
 fixtures/seqlen_balancing.json: 60 cases of get_seqlen_balanced_partitions computed by the 80/20
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.batching import (
+from stages.core.statistics.batching import (
     balance_stats,
     balanced_partitions,
     group_owner,

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.core import plots
-from stages.core.render import Table, html_page
+from stages.core.report import plots
+from stages.core.report.render import Table, html_page
 from tests.conftest import ROOT, workflow_env
 
 pytestmark = pytest.mark.slow  # runs workflows and opens their pages in Chromium: scripts/test.sh --all

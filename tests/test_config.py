@@ -116,7 +116,7 @@ def test_warm_up_must_be_shorter_than_the_run(default_raw):
 USER_SELECTOR = """
 import torch
 from pydantic import Field
-from stages.core.selectors import Params, SelectionInput, register_selector
+from stages.core.training.selectors import Params, SelectionInput, register_selector
 
 
 class SurpriseParams(Params):
@@ -130,7 +130,7 @@ def select_surprise(inp: SelectionInput, threshold: float = 2.0) -> torch.Tensor
 
 
 def test_a_users_selector_module_is_one_file(default_raw, tmp_path):
-    from stages.core.selectors import SELECTORS
+    from stages.core.training.selectors import SELECTORS
 
     path = tmp_path / "my_selectors.py"
     path.write_text(USER_SELECTOR)

@@ -13,8 +13,8 @@ import yaml
 from stages import cost
 from stages import plan as plan_cli
 from stages.config import ConfigError, validate
-from stages.core import cost as cc
-from stages.core.memory import HUB_ARCHS
+from stages.core.plans import cost as cc
+from stages.core.plans.memory import HUB_ARCHS
 from tests.conftest import ROOT, write_yaml
 
 Q05 = HUB_ARCHS["Qwen/Qwen2.5-0.5B"]  # 494,032,768 parameters, tied, 24 layers, q_width 896

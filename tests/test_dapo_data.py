@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stages.config import ConfigError, LocalSource
-from stages.core.adapters import ADAPTERS, AdapterError, load_local
+from stages.core.data.adapters import ADAPTERS, AdapterError, load_local
 from stages.prepare_data import check_instruction_once
 from tests.conftest import run_stage, write_yaml
 
@@ -182,7 +182,7 @@ def test_repeated_ids_without_deduplicate_are_an_error_with_a_hint():
 
 
 def test_deduplicate_keeps_first_copies_and_logs_the_count(caplog):
-    with caplog.at_level(logging.INFO, logger="stages.core.adapters"):
+    with caplog.at_level(logging.INFO, logger="stages.core.data.adapters"):
         problems = load(JSONL, deduplicate=True)
     assert [p.problem_id for p in problems] == [P1, P2, P3]
     assert "dropped 9 duplicate record(s)" in caplog.text
@@ -196,7 +196,7 @@ def test_deduplicate_compares_questions_not_ids(tmp_path, caplog):
                dapo_record("b2", "B", "5"), dapo_record("d1", "A ", "4")]
     path = write_jsonl(tmp_path / "copies.jsonl", records)
     assert [p.problem_id for p in load(path)] == ["a1", "b1", "a2", "c1", "b2", "d1"]
-    with caplog.at_level(logging.INFO, logger="stages.core.adapters"):
+    with caplog.at_level(logging.INFO, logger="stages.core.data.adapters"):
         problems = load(path, deduplicate=True)
     # "A " is another question: the text is compared as the adapter returns it
     assert [(p.problem_id, p.answer) for p in problems] == [("a1", "1"), ("b1", "2"), ("c1", "3"),

@@ -232,7 +232,7 @@ def test_the_selector_example_validates_and_selects(science_examples):
     from snakemake.utils import update_config
 
     from stages.config import validate
-    from stages.core.selectors import SELECTORS, SelectionInput, select_tokens
+    from stages.core.training.selectors import SELECTORS, SelectionInput, select_tokens
 
     raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     update_config(raw, yaml.safe_load((science_examples / "my.yaml").read_text()))
@@ -252,7 +252,7 @@ def test_the_grader_example_grades_and_a_benchmark_can_name_it(science_examples)
     import yaml
 
     from stages.config import validate
-    from stages.core.rewards import GRADERS
+    from stages.core.reward.rewards import GRADERS
 
     raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     raw["selector_modules"] = ["my_graders.py"]

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 import yaml
 
-from stages.core.grading import grade_many
-from stages.core.io import read_provenance
-from stages.core.problems import generate_arithmetic
+from stages.core.common.io import read_provenance
+from stages.core.data.problems import generate_arithmetic
+from stages.core.reward.grading import grade_many
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA, config_keys, metric_rows
 from stages.keys import result_hash
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.core.generation import sample_hf, stop_token_ids
-from stages.core.modeling import build_tokenizer
+from stages.core.models.generation import sample_hf, stop_token_ids
+from stages.core.models.modeling import build_tokenizer
 
 
 class ScriptedModel(torch.nn.Module):

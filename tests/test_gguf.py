@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from stages.config import ConfigError, load_config
-from stages.core.modeling import CHATML_END_OF_TURN, GgufNotFound, find_gguf
+from stages.core.models.modeling import CHATML_END_OF_TURN, GgufNotFound, find_gguf
 from tests.conftest import ROOT, run_stage, write_yaml
 
 pytestmark = pytest.mark.slow  # converts the real SmolLM2 checkpoint and runs its workflow: scripts/test.sh --all
@@ -86,8 +86,8 @@ def test_the_conversion_is_a_clean_fp32_llama_with_provenance(converted):
 
 
 def test_the_tokenizer_ends_a_turn_at_im_end(converted):
-    from stages.core.generation import stop_token_ids
-    from stages.core.modeling import load_model_and_tokenizer
+    from stages.core.models.generation import stop_token_ids
+    from stages.core.models.modeling import load_model_and_tokenizer
 
     d, _ = converted
     model, tok = load_model_and_tokenizer(d / "models" / f"size={SIZE}" / "base.json")

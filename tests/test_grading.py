@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core import grading
-from stages.core.grading import (
+from stages.core.reward import grading
+from stages.core.reward.grading import (
     Grade,
     extract_answer,
     fast_verdict,

@@ -14,8 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from stages.core.scorer import DEVIATIONS, deviation_reference, without_response
-from stages.core.stats import (
+from stages.core.statistics.scorer import DEVIATIONS, deviation_reference, without_response
+from stages.core.statistics.stats import (
     REFERENCE_FIELDS,
     diverged_positions,
     group_step_jsd,

@@ -8,7 +8,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from stages.core import io
+from stages.core.common import io
 
 SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.list_(pa.int32()))])
 PROV = {"stage": "t", "stage_version": "1", "config_hash": "abc", "seed": 3}

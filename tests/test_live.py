@@ -1,4 +1,4 @@
-"""The live metrics of a training job (stages.core.live), without a training: rows logged, the
+"""The live metrics of a training job (stages.core.training.live), without a training: rows logged, the
 job stopped after a resume state and resumed from it. metrics.jsonl keeps the state's rows and
 then the resumed ones; each logger's output is read back (tests/test_train.py's readers), and
 a logger's test skips only where its optional extra is not installed (CI installs both)."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from stages.core.live import LIVE_FILE, LiveMetrics
+from stages.core.training.live import LIVE_FILE, LiveMetrics
 from tests.test_train import tensorboard_scalars, wandb_attempts
 
 

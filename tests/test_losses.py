@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.losses import (
+from stages.core.training.losses import (
     LOG_RATIO_CLAMP,
     aggregate_loss,
     clipped_surrogate,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.metrics import Estimate, bootstrap_ci, pass_at_k, summarise
+from stages.core.common.metrics import Estimate, bootstrap_ci, pass_at_k, summarise
 
 
 def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stages.core.io import ArtifactError
-from stages.core.modeling import (
+from stages.core.common.io import ArtifactError
+from stages.core.models.modeling import (
     EOS,
     build_tokenizer,
     load_model_and_tokenizer,
@@ -98,7 +98,7 @@ def test_a_corrupt_checkpoint_is_a_clear_error(saved, tmp_path):
 
 
 def test_find_gguf_without_importing_the_package(tmp_path, monkeypatch):
-    from stages.core.modeling import GgufNotFound, find_gguf
+    from stages.core.models.modeling import GgufNotFound, find_gguf
 
     pkg = tmp_path / "standin_gguf_pkg"
     pkg.mkdir()
@@ -116,7 +116,7 @@ def test_find_gguf_without_importing_the_package(tmp_path, monkeypatch):
 
 
 def test_sha256_file_by_hand(tmp_path):
-    from stages.core.modeling import sha256_file
+    from stages.core.models.modeling import sha256_file
 
     (tmp_path / "f").write_bytes(b"abc")
     assert sha256_file(tmp_path / "f", block=2) == (

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.io import provenance, write_parquet
+from stages.core.common.io import provenance, write_parquet
 from stages.overlap import OVERLAP_SCHEMA, overlap_row, trained_entropy
 from stages.rollout import ROLLOUT_SCHEMA
 from tests.conftest import ROOT, run_stage, tiny_model, write_yaml
@@ -93,9 +93,9 @@ def test_trained_entropy_streams_group_by_group_in_one_pass(files, monkeypatch):
     """The trained model's entropies come from the token-statistics stage's streaming path: one
     group's hidden states at a time, one pass (no jsd), equal to the whole file's at once."""
     from stages.config import load_config
-    from stages.core import scoring
-    from stages.core.modeling import load_model_and_tokenizer
-    from stages.core.stats import chunked_token_statistics
+    from stages.core.models.modeling import load_model_and_tokenizer
+    from stages.core.statistics import scoring
+    from stages.core.statistics.stats import chunked_token_statistics
 
     d, cfg_path = files
     cfg = load_config(cfg_path)

@@ -19,13 +19,13 @@ import torch
 
 from stages import train
 from stages.config import validate
-from stages.core import rollouts
-from stages.core.actor import actor_step
-from stages.core.engine import Dist
-from stages.core.modeling import build_scratch_model
-from stages.core.policy import Layout, Policy
-from stages.core.scorer import micro_batches, trunk_hidden
-from stages.core.scoring import pack, pack_batch
+from stages.core.models.engine import Dist
+from stages.core.models.modeling import build_scratch_model
+from stages.core.models.policy import Layout, Policy
+from stages.core.statistics.scorer import micro_batches, trunk_hidden
+from stages.core.statistics.scoring import pack, pack_batch
+from stages.core.training import rollouts
+from stages.core.training.actor import actor_step
 from tests.test_sequence_parallel import _PlainEngine, max_rel
 from tests.test_train import PAD, VOCAB, random_batch
 

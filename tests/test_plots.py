@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from stages.core import plots
+from stages.core.report import plots
 
 
 def tok(text: str, entropy: float = 0.5, **extra) -> dict:

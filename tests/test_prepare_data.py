@@ -6,8 +6,8 @@ import json
 
 import polars as pl
 
-from stages.core.io import read_provenance
-from stages.core.problems import PROBLEM_SCHEMA
+from stages.core.common.io import read_provenance
+from stages.core.data.problems import PROBLEM_SCHEMA
 from tests.conftest import run_stage, write_yaml
 
 

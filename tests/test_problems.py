@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.problems import (
+from stages.core.data.problems import (
     WORD_TEMPLATES,
     Problem,
     generate_arithmetic,

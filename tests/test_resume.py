@@ -104,7 +104,7 @@ def test_every_operational_train_key_is_a_field_and_is_tested():
 
     assert set(TRAIN_OPERATIONAL) <= set(Train.model_fields)
     assert set(MODEL_OPERATIONAL) <= set(ModelSize.model_fields)
-    from stages.core.vllm_args import ENGINE_ARGS
+    from stages.core.models.vllm_args import ENGINE_ARGS
 
     assert set(ENGINE_OPERATIONAL) <= ENGINE_ARGS
     tested = {k.split(".")[1].split(" ")[0] for k in OPERATIONAL_EDITS if k.startswith("train.")}
@@ -166,7 +166,7 @@ def test_save_triggers_follow_the_wall_clock_and_the_signal(test_raw, monkeypatc
     import signal
     import types
 
-    from stages.core import resume
+    from stages.core.training import resume
 
     clock = [1000.0]
     monkeypatch.setattr(resume.time, "monotonic", lambda: clock[0])

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from stages.core import rewards
-from stages.core.grading import Grade, grade, grade_many, verify_many
-from stages.core.rewards import (
+from stages.core.reward import rewards
+from stages.core.reward.grading import Grade, grade, grade_many, verify_many
+from stages.core.reward.rewards import (
     GRADERS,
     INVALID,
     DapoScore,
@@ -381,7 +381,7 @@ def test_verify_is_the_unchanged_default():
 
 
 def test_rewards_imports_without_torch():
-    code = ("import sys; import stages.core.rewards as r; "
+    code = ("import sys; import stages.core.reward.rewards as r; "
             "assert 'torch' not in sys.modules and 'sympy' not in sys.modules; print(sorted(r.GRADERS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['math_dapo', 'verify']"

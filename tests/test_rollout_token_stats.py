@@ -15,14 +15,19 @@ import torch
 import yaml
 
 from stages.config import load_config
-from stages.core.backends import SamplingSettings, generate
-from stages.core.io import provenance, read_parquet, write_parquet
-from stages.core.losses import group_advantages
-from stages.core.modeling import load_model_and_tokenizer
-from stages.core.problems import generate_arithmetic
-from stages.core.scorer import DEVIATIONS, deviation_reference, reference_key
-from stages.core.scoring import pack, response_hidden, stream_statistics, trunk_and_head
-from stages.core.stats import _Source, chunked_token_statistics, group_step_jsd, token_statistics
+from stages.core.common.io import provenance, read_parquet, write_parquet
+from stages.core.data.problems import generate_arithmetic
+from stages.core.models.backends import SamplingSettings, generate
+from stages.core.models.modeling import load_model_and_tokenizer
+from stages.core.statistics.scorer import DEVIATIONS, deviation_reference, reference_key
+from stages.core.statistics.scoring import pack, response_hidden, stream_statistics, trunk_and_head
+from stages.core.statistics.stats import (
+    _Source,
+    chunked_token_statistics,
+    group_step_jsd,
+    token_statistics,
+)
+from stages.core.training.losses import group_advantages
 from stages.rollout import ROLLOUT_SCHEMA
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml
 
@@ -232,7 +237,7 @@ def assert_same_spread(got, want, rel: float, msg) -> None:
 def test_token_stats_readings(rolled, staged):
     """readings.parquet: one row per reading, its profile computed from the token table's picks;
     the paper's reported figures on the paper rule's row only."""
-    from stages.core.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB
+    from stages.core.report.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB
     from stages.token_stats import READINGS_SCHEMA, TOKEN_SCHEMA
 
     tokens = pl.read_parquet(staged / "tokens.parquet")
@@ -347,7 +352,7 @@ def test_token_stats_readings_off(setup, rolled, tmp_path):
 
 def floor(u: list[float]) -> list[float]:
     """group_step_jsd's documented resolution in float64: u below U_FLOOR_ULPS epsilons is 0."""
-    from stages.core.stats import U_FLOOR_ULPS
+    from stages.core.statistics.stats import U_FLOOR_ULPS
 
     eps = U_FLOOR_ULPS * torch.finfo(torch.float64).eps
     return [0.0 if x < eps else x for x in u]
@@ -366,7 +371,7 @@ def test_readings_picks_equal_a_float64_recomputation(setup, rolled, tmp_path):
     readings table's profile and ceiling shares follow from those picks, and so does its
     reference profile: each reference's probability of the picked token, the same without the
     token's response, β, at every pick and at the diverged ones."""
-    from stages.core.stats import jsd_ceiling
+    from stages.core.statistics.stats import jsd_ceiling
     from stages.token_stats import compute
 
     d, cfg_path = setup
@@ -585,7 +590,7 @@ def test_one_group_of_hidden_states_at_a_time(setup, rolled, monkeypatch):
     """stream_statistics holds one group's hidden states at a time (every earlier group's are freed
     before the next is made), however many groups the file has; two passes with jsd, one without;
     every trunk forward runs without a KV cache within the token budget (or one sequence alone)."""
-    from stages.core import scoring
+    from stages.core.statistics import scoring
 
     d, _ = setup
     frame = read_parquet(rolled, ROLLOUT_SCHEMA)

@@ -7,11 +7,17 @@ import types
 
 import torch
 
-from stages.core.modeling import build_scratch_model
-from stages.core.scorer import DEVIATIONS, Chunks, Scope, score_scope
-from stages.core.scoring import pack
-from stages.core.selectors import ICT_SCORES, SELECTORS, SelectionInput, grid, select_tokens
-from stages.core.stats import group_step_jsd
+from stages.core.models.modeling import build_scratch_model
+from stages.core.statistics.scorer import DEVIATIONS, Chunks, Scope, score_scope
+from stages.core.statistics.scoring import pack
+from stages.core.statistics.stats import group_step_jsd
+from stages.core.training.selectors import (
+    ICT_SCORES,
+    SELECTORS,
+    SelectionInput,
+    grid,
+    select_tokens,
+)
 
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                              num_attention_heads=2, num_key_value_heads=1,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.core.selectors import (
+from stages.core.statistics.stats import token_statistics
+from stages.core.training.selectors import (
     ICT_LABELS,
     ICT_SCORES,
     ICT_VARIANTS,
@@ -19,7 +20,6 @@ from stages.core.selectors import (
     select_tokens,
     top_k_first,
 )
-from stages.core.stats import token_statistics
 
 F, T = False, True
 

@@ -26,8 +26,8 @@ import torch
 import yaml
 
 from stages.config import ConfigError, validate
-from stages.core import rollouts
-from stages.core.engine import parallel_groups
+from stages.core.models.engine import parallel_groups
+from stages.core.training import rollouts
 from stages.launch import free_port
 from stages.train import check_layout
 from tests.conftest import ROOT
@@ -133,7 +133,7 @@ def _two_updates(engine, cfg, dist, ref, noise) -> dict:
     from deepspeed.utils import safe_get_full_grad
 
     from stages import train
-    from stages.core.actor import actor_step
+    from stages.core.training.actor import actor_step
 
     p_ids, r_ids, adv, _ = random_batch(seed=1)
     mb = rollouts.Rollouts(p_ids, r_ids, [i // 4 for i in range(len(r_ids))], adv)
@@ -177,10 +177,10 @@ def _sp_worker(out: str) -> None:
     the sampling of a step's groups; each rank saves what it saw."""
     from transformers import AutoModelForCausalLM
 
-    from stages.core import engine as engine_glue
-    from stages.core.modeling import build_scratch_model, build_tokenizer
-    from stages.core.policy import Policy
-    from stages.core.samplers import HfPolicySampler
+    from stages.core.models import engine as engine_glue
+    from stages.core.models.modeling import build_scratch_model, build_tokenizer
+    from stages.core.models.policy import Policy
+    from stages.core.models.samplers import HfPolicySampler
     from tests.test_trainer_dapo import PoolSampler, pool_of
 
     torch.set_num_threads(1)
@@ -262,7 +262,7 @@ def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.slow
 def test_sequence_parallel_2_gives_the_scores_loss_and_gradients_of_none(tmp_path):
-    from stages.core.modeling import build_scratch_model
+    from stages.core.models.modeling import build_scratch_model
 
     build_scratch_model(ARCH, VOCAB, PAD, seed=0).save_pretrained(tmp_path / "base")
     procs = _start(1, tmp_path / "one.pt") + _start(2, tmp_path / "two.pt")

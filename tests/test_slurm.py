@@ -41,7 +41,7 @@ import yaml
 from polars.testing import assert_frame_equal
 
 from stages.config import ConfigError, Gpus, load_config, validate
-from stages.core.io import read_provenance
+from stages.core.common.io import read_provenance
 from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, workflow_env, write_yaml

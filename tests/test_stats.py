@@ -14,7 +14,7 @@ from scipy.spatial.distance import jensenshannon
 from scipy.special import log_softmax, softmax
 from scipy.stats import entropy as scipy_entropy
 
-from stages.core.stats import (
+from stages.core.statistics.stats import (
     CEILING_RTOL,
     LN2,
     at_ceiling,

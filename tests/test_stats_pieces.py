@@ -1,4 +1,4 @@
-"""The piecewise kernels of stages.core.stats (each block's rows visited in cache-sized pieces; ICT's
+"""The piecewise kernels of stages.core.statistics.stats (each block's rows visited in cache-sized pieces; ICT's
 u with one log per vocabulary entry) against a straightforward float64 recomputation on awkward
 inputs, and their float64 sums bit for bit as index_add_ forms them (METHODS §2–§3)."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.core import stats
-from stages.core.stats import (
+from stages.core.statistics import stats
+from stages.core.statistics.stats import (
     LN2,
     REFERENCE_FIELDS,
     _key_pieces,

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from stages.config import validate
-from stages.core import render, reported
-from stages.core.io import provenance, write_parquet
+from stages.core.common.io import provenance, write_parquet
+from stages.core.report import render, reported
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA
 from stages.tables import (
     RATIO_LABEL,
@@ -677,7 +677,7 @@ def test_paired_gain_bounds():
 
 
 def test_paired_gain_refuses_different_problems():
-    from stages.core.io import ArtifactError
+    from stages.core.common.io import ArtifactError
     from stages.tables import paired_gain
 
     with pytest.raises(ArtifactError, match=r"a/samples.parquet and b/samples.parquet: .*1 problem ids in only one"):

@@ -1,4 +1,4 @@
-"""The 80/20 paper's numbers and tables: stages.core.reported's Acc@16 and token statistics, the
+"""The 80/20 paper's numbers and tables: stages.core.report.reported's Acc@16 and token statistics, the
 main_8020 table built from fixture results, and the overlap table, with hand-computed cells."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from stages.config import validate
-from stages.core import reported
-from stages.core.render import markdown
+from stages.core.report import reported
+from stages.core.report.render import markdown
 from stages.tables import output_names
 from stages.tables.main_8020 import REPORTED_LABEL, main_8020_table, qwen3_size
 from stages.tables.overlap import overlap_table

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from stages.config import validate
-from stages.core.io import provenance, write_parquet
+from stages.core.common.io import provenance, write_parquet
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA
 from stages.tables import main, output_names
 from stages.tables.curves import curve_points
@@ -126,7 +126,7 @@ def test_running_mean_window_and_the_reward_gap(tmp_path):
 
 
 def test_seed_bands_by_hand():
-    from stages.core import figures
+    from stages.core.report import figures
 
     frame = pl.DataFrame({"method": ["a"] * 6, "seed": [0, 0, 0, 1, 1, 1], "step": [0, 1, 2] * 2,
                           "x": [1.0, 2.0, 6.0, 3.0, 4.0, None]})

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages.core import io
+from stages.core.common import io
 from tests.conftest import ROOT, run_stage, write_yaml
 from tests.test_tables import build, config
 

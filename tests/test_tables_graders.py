@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from stages.config import validate
-from stages.core.io import provenance, write_parquet
+from stages.core.common.io import provenance, write_parquet
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA
 from stages.tables import load, main_table, output_names
 from stages.tables.graders import graders_table

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from stages.config import validate
-from stages.core.render import markdown
+from stages.core.report.render import markdown
 from stages.tables import is_reading, load, method_label, method_params, output_names
 from stages.tables.ict_readings import reading_label, readings_table, reference_table
 from tests.test_tables import (

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from stages.config import validate
-from stages.core.metrics import bootstrap_ci
+from stages.core.common.metrics import bootstrap_ci
 from stages.tables import main_table
 from stages.tables.ablation import ablation_table
 from stages.tables.main_total import main_total_table

@@ -27,15 +27,11 @@ import yaml
 
 from stages import train
 from stages.config import ConfigError, validate
-from stages.core import engine as engine_glue
-from stages.core import rollouts
-from stages.core.actor import actor_step, micro_loss
-from stages.core.io import ArtifactError
-from stages.core.live import LOGGERS
-from stages.core.losses import aggregate_loss, clipped_surrogate, loss_weights
-from stages.core.modeling import build_scratch_model, build_tokenizer
-from stages.core.problems import Problem, render_prompt
-from stages.core.scorer import (
+from stages.core.common.io import ArtifactError
+from stages.core.data.problems import Problem, render_prompt
+from stages.core.models import engine as engine_glue
+from stages.core.models.modeling import build_scratch_model, build_tokenizer
+from stages.core.statistics.scorer import (
     Chunks,
     Scope,
     head_logprob,
@@ -44,9 +40,13 @@ from stages.core.scorer import (
     score_scope,
     trunk_hidden,
 )
-from stages.core.scoring import pack
-from stages.core.selectors import SelectionInput, grid, select_tokens, valid_grid
-from stages.core.stats import chunked_token_statistics, group_step_jsd
+from stages.core.statistics.scoring import pack
+from stages.core.statistics.stats import chunked_token_statistics, group_step_jsd
+from stages.core.training import rollouts
+from stages.core.training.actor import actor_step, micro_loss
+from stages.core.training.live import LOGGERS
+from stages.core.training.losses import aggregate_loss, clipped_surrogate, loss_weights
+from stages.core.training.selectors import SelectionInput, grid, select_tokens, valid_grid
 from stages.launch import free_port
 from tests.conftest import ROOT, run_stage, save_scratch_model, write_problems, write_yaml
 
@@ -349,7 +349,7 @@ def test_two_processes_give_the_loss_and_update_of_one(tmp_path):
 def job(tmp_path_factory):
     """A tiny base model taught the answer format (it then guesses digits: rewards vary), its
     prompts (copy a digit) and a config of 6 steps with a checkpoint every 2."""
-    from stages.core.sft import encode_pairs, train_sft
+    from stages.core.training.sft import encode_pairs, train_sft
 
     d = tmp_path_factory.mktemp("train")
     tok = build_tokenizer()
@@ -628,7 +628,7 @@ def test_sigurg_saves_and_exits_and_the_minutes_cadence_saves_between_step_check
     and exits with status 75; the resumed attempt, with no step checkpoint due
     (checkpoint_every 100) but checkpoint_every_minutes tiny, saves at its step boundaries (seen
     by a SIGKILL after one); the third attempt ends with the uninterrupted run's metrics."""
-    from stages.core.resume import EXIT_RESUBMIT, SAVE_SIGNAL
+    from stages.core.training.resume import EXIT_RESUBMIT, SAVE_SIGNAL
 
     d, raw = job
     config = edited(raw, "sig", d, {"train": {"checkpoint_every": 100}})
@@ -791,7 +791,7 @@ class _ScriptedSampler:
         self.calls = []
 
     def sample(self, prompts, *, n, temperature, top_p, max_new_tokens, prompt_seeds, desc=""):
-        from stages.core.generation import Sample
+        from stages.core.models.generation import Sample
 
         self.calls.append(list(max_new_tokens))
         self.seeds = list(prompt_seeds)

@@ -17,15 +17,15 @@ import yaml
 
 from stages import train
 from stages.config import Loss, validate
-from stages.core import engine as engine_glue
-from stages.core import rollouts
-from stages.core.actor import actor_step, micro_loss, truncated_importance_weights
-from stages.core.generation import Sample
-from stages.core.losses import overlong_penalty
-from stages.core.modeling import build_scratch_model
-from stages.core.policy import Policy
-from stages.core.scorer import micro_batches
-from stages.core.scoring import pack
+from stages.core.models import engine as engine_glue
+from stages.core.models.generation import Sample
+from stages.core.models.modeling import build_scratch_model
+from stages.core.models.policy import Policy
+from stages.core.statistics.scorer import micro_batches
+from stages.core.statistics.scoring import pack
+from stages.core.training import rollouts
+from stages.core.training.actor import actor_step, micro_loss, truncated_importance_weights
+from stages.core.training.losses import overlong_penalty
 from stages.keys import train_config_hash
 from stages.launch import free_port
 from tests import test_train
@@ -397,7 +397,7 @@ def virtual_updates(cfg, dist) -> dict:
     per mini-batch and method on a float64 model. Returns, per method and mini-batch, every rank's
     sequences (prompt + response ids) with their masks, the loss, the reduced gradients and the
     layout's counts."""
-    from stages.core.rollouts import virtual_minibatches
+    from stages.core.training.rollouts import virtual_minibatches
 
     torch.manual_seed(0)
     p_ids, r_ids, adv, noise = virtual_batch()
@@ -432,7 +432,7 @@ def verl_reference(rho: float | None) -> list[dict]:
     rearrange_micro_batches (count all-reduced to the maximum), get_global_entropy_top_mask, the
     clamped dual-clip surrogate, masked_mean × B_micro / B_mini, and FSDP's mean over ranks).
     rho None: DAPO (every response token)."""
-    from stages.core.batching import balanced_partitions
+    from stages.core.statistics.batching import balanced_partitions
 
     p_ids, r_ids, adv, noise = virtual_batch()
     model = build_scratch_model(ARCH, VOCAB, PAD, seed=3).double()

@@ -1,4 +1,4 @@
-"""A resume state moved to another world size (stages.core.resume): DeepSpeed 0.19.8's universal
+"""A resume state moved to another world size (stages.core.training.resume): DeepSpeed 0.19.8's universal
 checkpoints, on CPU processes (gloo) and the tiny model of tests/test_train.py.
 
 Three jobs of real DeepSpeed, one after the other: two processes save a resume state of every
@@ -60,10 +60,10 @@ def _universal_worker(phase: str, folder: str) -> None:
     """phase save2: save every stage's state after one update on two processes, and continue
     one; load1: resume each on one process, save its own; load2: resume those on two."""
     from stages import train
-    from stages.core import engine as engine_glue
-    from stages.core import rollouts
-    from stages.core.actor import actor_step
-    from stages.core.modeling import build_scratch_model
+    from stages.core.models import engine as engine_glue
+    from stages.core.models.modeling import build_scratch_model
+    from stages.core.training import rollouts
+    from stages.core.training.actor import actor_step
     from tests.test_train import ARCH, PAD, VOCAB, random_batch
 
     torch.set_num_threads(1)
@@ -201,7 +201,7 @@ def test_universal_checkpoints_move_a_resume_state_between_world_sizes(tmp_path)
 
 
 def test_a_sequence_parallel_zero_state_is_refused_on_another_world_size(test_raw, tmp_path):
-    from stages.core.resume import check_universal
+    from stages.core.training.resume import check_universal
 
     raw = copy.deepcopy(test_raw)
     raw["train"].update(zero_stage=2, sequence_parallel=2)

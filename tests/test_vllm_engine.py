@@ -76,7 +76,7 @@ def tiny_vllm_model(folder: Path, seed: int = 0, head_scale: float = 1.0):
     <|im_end|>), saved under folder/checkpoint with folder/base.json; (tokenizer, model).
     head_scale multiplies the (tied) head, so the logits are of a trained model's size (a few
     nats apart) rather than an initialisation's (near-uniform)."""
-    from stages.core.modeling import build_scratch_model, build_tokenizer
+    from stages.core.models.modeling import build_scratch_model, build_tokenizer
     from tests.conftest import save_scratch_model
 
     tok = build_tokenizer()
@@ -93,7 +93,7 @@ def tiny_vllm_model(folder: Path, seed: int = 0, head_scale: float = 1.0):
 # ---------------------------------------------------------------------------------------------
 def test_the_glue_and_the_stand_in_ask_only_for_what_the_installed_vllm_has(vpy, tmp_path):
     from stages.config import ENGINE_SET_BY_US, TRAIN_ENGINE_SET_BY_US
-    from stages.core.vllm_args import ENGINE_ARGS, VLLM_VERSION
+    from stages.core.models.vllm_args import ENGINE_ARGS, VLLM_VERSION
     from tests.test_vllm_glue import LLM_KEYWORDS, SAMPLING_KEYWORDS
 
     run_check(vpy, "signatures", str(tmp_path / "sig.json"))
@@ -204,7 +204,7 @@ def test_zero3_shards_reach_a_tensor_parallel_engine_of_two_processes(vpy, tmp_p
     weights within 1e-5 nats: a layer reloaded from released or partial tensors would not."""
     from transformers import AutoModelForCausalLM
 
-    from stages.core.samplers import layer_of
+    from stages.core.models.samplers import layer_of
 
     tok, _ = tiny_vllm_model(tmp_path)
     raw = copy.deepcopy(test_raw)
@@ -281,7 +281,7 @@ def test_training_through_the_engine_float32_and_bf16(vpy, tmp_path, test_raw):
     Prints the figures docs/science.md reports."""
     from safetensors.torch import load_file
 
-    from stages.core.problems import generate_arithmetic
+    from stages.core.data.problems import generate_arithmetic
 
     tiny_vllm_model(tmp_path, head_scale=10.0)  # logits a few nats apart, as a trained model's
     write_problems(tmp_path / "rl.parquet",

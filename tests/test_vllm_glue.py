@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from stages.config import ConfigError
-from stages.core.backends import SamplingSettings, generate, prompt_seed
-from stages.core.generation import Sample
+from stages.core.models.backends import SamplingSettings, generate, prompt_seed
+from stages.core.models.generation import Sample
 
 
 class FakeTokenizer:
@@ -244,7 +244,7 @@ def test_engine_kwargs_reach_the_engine(tmp_path, fake_vllm):
 
 
 def policy_sampler(tmp_path, dtype="float32", policy=None, **extra):
-    from stages.core.samplers import VllmPolicySampler
+    from stages.core.models.samplers import VllmPolicySampler
 
     ref = tmp_path / "base.json"
     ref.write_text(json.dumps({"kind": "scratch", "path": "checkpoint"}))
@@ -345,7 +345,7 @@ def test_policy_sampler_hands_the_whole_state_dict_once_per_update(tmp_path, fak
     """A causal LM with a tied head: every name of its state dict (the head under both of its
     names, as vLLM's loader expects them) exactly once when built and once per sync, in one
     reload call each."""
-    from stages.core.modeling import build_scratch_model
+    from stages.core.models.modeling import build_scratch_model
     from tests.conftest import TINY_ARCH
 
     lm = build_scratch_model(TINY_ARCH, 259, 256, seed=0)
@@ -364,9 +364,9 @@ def test_a_decoder_layer_split_over_groups_is_copied():
     """engine_weights: the tensors of a decoder layer whose parameters fall into two groups are
     copies (vLLM keeps them until the layer's last tensor arrives, after their group is
     released); a layer inside one group goes as it is. Names only here: the groups of a
-    partitioned module come from stages.core.policy.state_groups (tests/test_vllm_engine.py runs
+    partitioned module come from stages.core.models.policy.state_groups (tests/test_vllm_engine.py runs
     it under ZeRO-3 with the real engine)."""
-    from stages.core.samplers import layer_of
+    from stages.core.models.samplers import layer_of
 
     assert layer_of("model.layers.12.mlp.up_proj.weight") == "model.layers.12"
     assert layer_of("model.layers.3.self_attn.q_proj.bias") == "model.layers.3"
@@ -381,8 +381,8 @@ def test_dynamic_sampling_runs_several_generation_batches_on_an_engine_that_slee
     responses are never correct, so every batch keeps nothing and the step runs out of batches:
     max_sampling_rounds generation batches, none refused as asleep."""
     from stages.config import validate
-    from stages.core.engine import Dist
-    from stages.core.rollouts import PromptPool, Sampled, SamplingExhausted, collect
+    from stages.core.models.engine import Dist
+    from stages.core.training.rollouts import PromptPool, Sampled, SamplingExhausted, collect
 
     test_raw["train"].update(dynamic_sampling=True, max_sampling_rounds=3,
                              generation_batch_multiple=2)
@@ -400,7 +400,7 @@ def test_dynamic_sampling_runs_several_generation_batches_on_an_engine_that_slee
 
 
 def test_engine_groups_must_divide_the_ranks(tmp_path, fake_vllm):
-    from stages.core.samplers import VllmPolicySampler
+    from stages.core.models.samplers import VllmPolicySampler
 
     with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the 3 ranks"):
         VllmPolicySampler(tmp_path / "base.json", HeadPolicy(2, 3), FakeTokenizer(), world_size=3,

@@ -26,8 +26,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from stages.core.modeling import build_scratch_model
-from stages.core.policy import Policy, gathered_state
+from stages.core.models.modeling import build_scratch_model
+from stages.core.models.policy import Policy, gathered_state
 from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, write_yaml
@@ -89,7 +89,7 @@ def stage_config(d, raw, name: str, **train) -> str:
 
 def untied_base(d) -> str:
     """The job's base model with an untied head, saved beside it."""
-    from stages.core.modeling import load_model_and_tokenizer
+    from stages.core.models.modeling import load_model_and_tokenizer
     from tests.conftest import save_scratch_model
 
     folder = d / "untied"
@@ -183,15 +183,15 @@ def _recording_llm():
 def _zero3_worker(out: str) -> None:
     from stages import train
     from stages.config import validate
-    from stages.core import engine as engine_glue
-    from stages.core import policy as policy_mod
-    from stages.core.actor import actor_step
-    from stages.core.generation import sample_hf
-    from stages.core.modeling import build_tokenizer
-    from stages.core.policy import full_state_dict
-    from stages.core.rollouts import Rollouts
-    from stages.core.samplers import HfPolicySampler, VllmPolicySampler
-    from stages.core.scorer import micro_batches
+    from stages.core.models import engine as engine_glue
+    from stages.core.models import policy as policy_mod
+    from stages.core.models.generation import sample_hf
+    from stages.core.models.modeling import build_tokenizer
+    from stages.core.models.policy import full_state_dict
+    from stages.core.models.samplers import HfPolicySampler, VllmPolicySampler
+    from stages.core.statistics.scorer import micro_batches
+    from stages.core.training.actor import actor_step
+    from stages.core.training.rollouts import Rollouts
     from tests.test_vllm_glue import FakeTokenizer, fake_vllm_modules
 
     torch.set_num_threads(1)
@@ -311,7 +311,7 @@ def test_zero3_actor_resume_vllm_and_generation_on_two_processes(tmp_path):
 
 def check_reports(reports: list[dict]) -> None:
     """What _zero3_worker's ranks saw."""
-    from stages.core.samplers import layer_of
+    from stages.core.models.samplers import layer_of
 
     one = reports[0]
 
@@ -376,7 +376,7 @@ def check_reports(reports: list[dict]) -> None:
 
 
 def test_engine_groups_are_consecutive_ranks():
-    from stages.core.samplers import tp_groups
+    from stages.core.models.samplers import tp_groups
 
     assert tp_groups(2, 4) == [[0, 1], [2, 3]]
     assert tp_groups(1, 2) == [[0], [1]] and tp_groups(4, 4) == [[0, 1, 2, 3]]

@@ -48,14 +48,14 @@ def signatures(out: str) -> None:
 
 def sampling(out: str, model_ref: str) -> None:
     """sample_vllm as the rollout and evaluation stages call it (one engine, built by
-    stages.core.backends.vllm_engine), and as the trainer does (log-probs):
+    stages.core.models.backends.vllm_engine), and as the trainer does (log-probs):
 
     - batch: 4 prompts x 16 samples at T = 0.7, top-p 0.9, limits 8/16/24/32, with log-probs;
     - alone: each prompt on its own with the same seeds (a prompt's samples must not depend on
       the prompts that share the call);
     - plain: the batch without log-probs (what the rollout and evaluation stages ask for)."""
-    from stages.core.backends import SamplingSettings, sample_vllm, vllm_engine
-    from stages.core.generation import prompt_seed, stop_token_ids
+    from stages.core.models.backends import SamplingSettings, sample_vllm, vllm_engine
+    from stages.core.models.generation import prompt_seed, stop_token_ids
 
     settings = SamplingSettings(n=16, temperature=0.7, top_p=0.9, max_new_tokens=32, seed=7,
                                 engine_kwargs=ENGINE_KWARGS)
@@ -92,10 +92,10 @@ def zero3_reload(out: str, model_ref: str) -> None:
     import torch
 
     from stages.config import validate
-    from stages.core import engine as engine_glue
-    from stages.core.modeling import load_model_and_tokenizer
-    from stages.core.policy import full_state_dict, state_groups
-    from stages.core.samplers import VllmPolicySampler
+    from stages.core.models import engine as engine_glue
+    from stages.core.models.modeling import load_model_and_tokenizer
+    from stages.core.models.policy import full_state_dict, state_groups
+    from stages.core.models.samplers import VllmPolicySampler
 
     torch.set_num_threads(1)
     raw = json.loads(os.environ["ICT_RLVR_CHECK_CONFIG"])
@@ -142,8 +142,8 @@ def _register_test_grader() -> None:
     step's responses group by group (G even), so every group is half right whatever the model
     writes, and the advantages move the policy from the first step (an untrained model is never
     right, and its responses are too alike for a rule on their text to split them)."""
-    from stages.core.grading import Grade
-    from stages.core.rewards import GRADERS, register_grader
+    from stages.core.reward.grading import Grade
+    from stages.core.reward.rewards import GRADERS, register_grader
 
     if "alternate" in GRADERS:
         return

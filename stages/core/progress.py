@@ -1,15 +1,6 @@
-"""Progress bars that stay readable in a terminal and in a SLURM or Snakemake log file."""
-
-from __future__ import annotations
-
+"""Old path of stages.core.common.progress, kept for this release: the same module object."""
 import sys
 
-from tqdm.auto import tqdm
+from stages.core.common import progress
 
-
-def progress(iterable=None, **kwargs):
-    """tqdm that redraws freely on a terminal and writes a line at most every 10 s to a log."""
-    if not sys.stderr.isatty():
-        kwargs.setdefault("mininterval", 10.0)
-    kwargs.setdefault("dynamic_ncols", True)
-    return tqdm(iterable, **kwargs)
+sys.modules[__name__] = progress

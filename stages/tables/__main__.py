@@ -12,7 +12,7 @@ Each folder is named by its hive keys (size=, method=, seed=, step=, bench=), wh
 needs to place its numbers; a cell of the grid without a folder shows "—". Tables are written as
 Markdown, LaTeX (booktabs) and CSV (unformatted numbers and the file each came from), plus one
 HTML page for the Snakemake report; `sources.csv` lists every file read with its provenance.
-The papers' numbers (stages.core.reported) stand in their own labelled columns beside ours
+The papers' numbers (stages.core.report.reported) stand in their own labelled columns beside ours
 (main_total, main_8020, ablation, overlap, ict_readings, the ICT-gain summary), never in our cells.
 """
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core import reported
-from ..core.render import MISSING, Table, bold_best
+from ..core.report import reported
+from ..core.report.render import MISSING, Table, bold_best
 from .labels import (
     NOT_ICT,
     bench_label,

@@ -12,9 +12,9 @@ import numpy as np
 import polars as pl
 
 from ..config import Config
-from ..core.io import ArtifactError
-from ..core.metrics import bootstrap_ci
-from ..core.render import MISSING, Table, mean_or_none
+from ..core.common.io import ArtifactError
+from ..core.common.metrics import bootstrap_ci
+from ..core.report.render import MISSING, Table, mean_or_none
 from .labels import bench_label, method_label, size_label
 from .load import Loaded
 from .registry import register_table

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core.render import Table
+from ..core.report.render import Table
 from .labels import (
     bench_label,
     curve_benchmarks,
@@ -67,8 +67,7 @@ def curve_points(cfg: Config, data: Loaded) -> pl.DataFrame:
 def curves_figure(cfg: Config, size: str, points: pl.DataFrame, path: Path) -> None:
     """Mean over the curve benchmarks (all present), then over seeds (all present), against the
     step; a panel per benchmark beside it when there are several."""
-    from ..core import figures
-
+    from ..core.report import figures
     hl, benches = headline(cfg), curve_benchmarks(cfg)
     methods = curve_methods(cfg)
     need = {m: len(set(cfg.experiment.seeds)) for m in methods}

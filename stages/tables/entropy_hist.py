@@ -12,8 +12,7 @@ from .registry import register_figure
 
 
 def entropy_figure(cfg: Config, entropy: dict, path: Path) -> None:
-    from ..core import figures, plots
-
+    from ..core.report import figures, plots
     series = {size_label(cfg, s): entropy[s] for s in cfg.experiment.sizes if s in entropy}
     if not series:
         figures.message_figure("no token statistics", path)

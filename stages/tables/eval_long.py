@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import Config
-from ..core.render import Table
+from ..core.report.render import Table
 from .load import Loaded
 from .registry import register_table
 from .write import write_csv

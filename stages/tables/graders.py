@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core.render import MISSING, Table, pct
+from ..core.report.render import MISSING, Table, pct
 from .labels import bench_label, method_label, size_label
 from .load import Cell, Loaded, cells
 from .registry import register_table

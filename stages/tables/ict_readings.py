@@ -14,8 +14,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core import reported
-from ..core.render import MISSING, Table, pct
+from ..core.report import reported
+from ..core.report.render import MISSING, Table, pct
 from .labels import NOT_ICT, size_label
 from .load import Loaded
 from .registry import register_table
@@ -48,7 +48,7 @@ def _num(row: dict, key: str, fmt) -> str:
 
 
 def _paper(row: dict, key: str, default: float) -> float:
-    """A reported number of the paper rule's row: the file's column, else stages.core.reported."""
+    """A reported number of the paper rule's row: the file's column, else stages.core.report.reported."""
     value = row.get(key)
     return default if value is None else value
 

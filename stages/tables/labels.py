@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from ..config import Config
-from ..core.names import ICT_LABELS
-from ..core.render import MISSING
+from ..core.common.names import ICT_LABELS
+from ..core.report.render import MISSING
 
 HEADLINE_K = 4  # ICT reports pass@4
 TOTAL_KS = (1, 4)  # ICT's Total is the mean of P@1 and P@4
@@ -21,7 +21,7 @@ leaving the response out). Labelled as ours and never as ICT."""
 
 def _non_default(selector: str, params: dict, skip: tuple[str, ...] = ()) -> list[str]:
     """`params` that differ from the selector's defaults, printed (ρ=0.2, part=frequent)."""
-    from ..core.selectors import spec_of
+    from ..core.training.selectors import spec_of
 
     default = spec_of(selector).validate({}).model_dump()
     return [_param_text(k, v) for k, v in params.items()

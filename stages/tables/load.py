@@ -16,8 +16,8 @@ import polars as pl
 
 from .. import cli
 from ..config import Config
-from ..core.io import ArtifactError, read_parquet
-from ..core.render import mean_or_none
+from ..core.common.io import ArtifactError, read_parquet
+from ..core.report.render import mean_or_none
 from .seeds import Problems, mean_per_seed
 
 EVAL_KEYS = ("size", "method", "seed", "bench")

@@ -10,8 +10,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core import reported
-from ..core.render import MISSING, Table, bold_best, pct
+from ..core.report import reported
+from ..core.report.render import MISSING, Table, bold_best, pct
 from .labels import (
     bench_label,
     grpo_method,

@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core import reported
-from ..core.render import MISSING, Table, bold_best, pct
+from ..core.report import reported
+from ..core.report.render import MISSING, Table, bold_best, pct
 from .labels import (
     HEADLINE_K,
     NOT_ICT,
@@ -30,7 +30,7 @@ from .registry import register_table
 from .seeds import Problems, interval_columns, seed_columns, spread_note, spread_text
 from .write import sources_note, table_files, write_csv, write_table
 
-# What the papers report (METHODS §7, stages.core.reported), printed beside our numbers and never
+# What the papers report (METHODS §7, stages.core.report.reported), printed beside our numbers and never
 # mixed with them.
 PAPER_ICT_AVG = f"+{reported.HEADLINE_AVG_GAIN_P4:g}%"
 PAPER_ICT_MAX = f"+{reported.HEADLINE_MAX_GAIN_P4:g}%"

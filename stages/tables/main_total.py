@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core import reported
-from ..core.render import MISSING, Table, bold_best, mean_or_none
+from ..core.report import reported
+from ..core.report.render import MISSING, Table, bold_best, mean_or_none
 from .labels import (
     TOTAL_KS,
     bench_label,

@@ -10,8 +10,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core import reported
-from ..core.render import MISSING, Table
+from ..core.report import reported
+from ..core.report.render import MISSING, Table
 from .labels import method_label, size_label
 from .load import Loaded
 from .registry import register_table

@@ -15,8 +15,7 @@ from .registry import register_figure
 
 def pass_at_k_curves(counts: pl.DataFrame) -> pl.DataFrame:
     """Mean pass@k over problems for k = 1..n, per size x method x seed x bench."""
-    from ..core import figures
-
+    from ..core.report import figures
     keys = ["size", "method", "seed", "bench"]
     if counts.is_empty():
         return pl.DataFrame(schema={"size": pl.String, "method": pl.String, "seed": pl.Int64,
@@ -25,8 +24,7 @@ def pass_at_k_curves(counts: pl.DataFrame) -> pl.DataFrame:
 
 
 def pass_at_k_figure(cfg: Config, size: str, curves: pl.DataFrame, path: Path) -> None:
-    from ..core import figures
-
+    from ..core.report import figures
     methods = ["base", *cfg.experiment.methods]
     benches = list(cfg.experiment.benchmarks)
     panels = [(b, bench_label(cfg, b)) for b in benches]

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from .. import cli
 from ..config import Config
-from ..core import render
-from ..core.render import Table
+from ..core.report import render
+from ..core.report.render import Table
 from .load import Loaded, check_grid, load
 
 Writer = Callable[[Config, Loaded, Path], list[Table] | None]

@@ -15,10 +15,10 @@ import math
 import numpy as np
 import polars as pl
 
-from ..core.metrics import DEFAULT_LEVEL, pass_at_k
-from ..core.render import MISSING, pct
+from ..core.common.metrics import DEFAULT_LEVEL, pass_at_k
+from ..core.report.render import MISSING, pct
 
-_CHUNK = 1024  # resamples drawn at once, as stages.core.metrics.bootstrap_ci draws them
+_CHUNK = 1024  # resamples drawn at once, as stages.core.common.metrics.bootstrap_ci draws them
 
 
 def seed_sd(per_seed: tuple[float, ...]) -> float | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core.io import read_provenance
-from ..core.render import Table
+from ..core.common.io import read_provenance
+from ..core.report.render import Table
 from .load import Loaded
 from .registry import register_table
 from .write import write_csv

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from ..config import Config
-from ..core.render import MISSING, Table, pct
+from ..core.report.render import MISSING, Table, pct
 from .labels import size_label
 from .load import Loaded
 from .registry import register_table

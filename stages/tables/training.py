@@ -38,8 +38,7 @@ def reward_gap(runs: pl.DataFrame, reference: str) -> pl.DataFrame:
 
 
 def training_panels(cfg: Config, runs: pl.DataFrame, w: int) -> list:
-    from ..core import figures
-
+    from ..core.report import figures
     panels = []
     for column, title, log in CURVES:
         bands = None
@@ -62,8 +61,7 @@ def training_panels(cfg: Config, runs: pl.DataFrame, w: int) -> list:
 
 
 def training_figure(cfg: Config, size: str, train: pl.DataFrame, path: Path) -> None:
-    from ..core import figures
-
+    from ..core.report import figures
     methods = list(cfg.experiment.methods)
     runs = train.filter(pl.col("size") == size) if not train.is_empty() else train
     w = window(runs)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import polars as pl
 
-from ..core import render
-from ..core.io import atomic_path
-from ..core.render import Table, glob_of
+from ..core.common.io import atomic_path
+from ..core.report import render
+from ..core.report.render import Table, glob_of
 
 TABLE_EXTS = ("md", "tex", "csv")
 

@@ -32,7 +32,7 @@ if _PLAN:
 # The cost plan (python -m stages.plan --cost): the attempts of the longest GPU training, each at
 # most the partition's limit, become the training rule's `retries` (workflow/rules/train.smk);
 # None leaves the profile's. A size whose dimensions are unknown gets no estimate.
-from stages.core.cost import partition_max_minutes
+from stages.core.plans.cost import partition_max_minutes
 from stages.cost import attempt_runtime, train_retries
 from stages.cost import runtime_limit as cost_runtime_limit
 
@@ -235,7 +235,7 @@ def job_resources(rule):
         "tasks_per_gpu": lambda wildcards: 0 if multi(wildcards) and gpus_per_node(wildcards) else None,
         "slurm_partition": lambda wildcards: job_partition(rule, wildcards),
         # training: SIGURG train.save_before_limit_minutes before the time limit, on which the
-        # trainer saves a resume state and exits to be resubmitted (stages.core.resume); a
+        # trainer saves a resume state and exits to be resubmitted (stages.core.training.resume); a
         # --set-resources train:slurm_extra=... replaces it
         "slurm_extra": lambda wildcards: save_signal_option(
             CFG.train_for(wildcards.method, wildcards.size)) if rule == "train" else None,

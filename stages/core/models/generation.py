@@ -1,0 +1,228 @@
+"""The `hf` rollout backend: batched, left-padded, KV-cache sampling with transformers.
+
+Every sequence (prompt i, sample j) is drawn from its own random stream, seeded
+(prompt seed + j) mod 2^63 as vLLM seeds the j-th sample of a request, so a sequence's tokens do
+not depend on the batch it shares or on the batch size (up to the float rounding of batched
+kernels). The draw is by inverse CDF in float64 over p = softmax(z / T) (nucleus-truncated and
+renormalised when top_p < 1), one uniform per position from the sequence's stream, inside a
+logits processor that hands the chosen token to transformers' greedy loop. The same processor
+records the log-probability of each sampled token under the distribution it was drawn from: the
+sampler's own log-prob, which the trainer compares with its own (the sampler/trainer mismatch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from stages.core.common.progress import progress
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt_idx: int
+    sample_idx: int
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response: str
+    finish_reason: str  # "stop" (eos sampled) or "length" (max_new_tokens reached)
+    # the sampler's log p of each response token under the distribution it was drawn from
+    # (temperature and nucleus applied), nats; None when the backend was not asked for them
+    logprobs: list[float] | None = None
+
+
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+"""End-of-turn tokens of the chat formats we know (ChatML, Llama 3, Gemma)."""
+
+SEED_BITS = 63
+
+
+def hashed_seed(*parts) -> int:
+    """A 63-bit seed from any parts (sha256): unrelated parts give unrelated seeds, so the
+    consecutive seeds s + j of one prompt's samples never run into another prompt's."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> (64 - SEED_BITS)
+
+
+def prompt_seed(seed: int, index: int) -> int:
+    """The sampling seed of prompt `index` of a call seeded with `seed` (both backends)."""
+    return hashed_seed("prompt", seed, index)
+
+
+def sequence_seed(seed_of_prompt: int, sample_idx: int) -> int:
+    """The seed of sample `sample_idx` of a prompt: vLLM's convention, the prompt's seed + j."""
+    return (seed_of_prompt + sample_idx) % (1 << SEED_BITS)
+
+
+STOP_RULES = ("end_of_turn", "generation_config")
+"""Where responses stop (models.<size>.stop_tokens; :func:`stop_token_ids`)."""
+
+
+def stop_token_ids(tokenizer, rule: str = "end_of_turn", generation_config=None) -> list[int]:
+    """The ids a response stops at, end-of-text first.
+
+    rule end_of_turn: end-of-text, then the chat template's end-of-turn token when the tokenizer
+    has a chat template that uses one (Qwen2.5 base models write `<|im_end|>` after a ChatML
+    prompt; a tokenizer without a template stops at eos only).
+    rule generation_config: verl's, which gives vLLM no stop list: end-of-text and every
+    eos_token_id (an int or a list) of the model's `generation_config` (a transformers
+    GenerationConfig or a dict; None: end-of-text alone, for vLLM, which adds its model's
+    generation-config ids itself)."""
+    if rule not in STOP_RULES:
+        raise ValueError(f"unknown stop rule {rule!r}; known: {list(STOP_RULES)}")
+    stops = [tokenizer.eos_token_id]
+    if rule == "generation_config":
+        listed = (generation_config.get("eos_token_id") if isinstance(generation_config, dict)
+                  else getattr(generation_config, "eos_token_id", None))
+        for tid in [listed] if isinstance(listed, int) else list(listed or []):
+            if tid not in stops:
+                stops.append(int(tid))
+        return stops
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for token in END_OF_TURN:
+        if token in template:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in stops:
+                stops.append(tid)
+    return stops
+
+
+def per_prompt(limit: int | Sequence[int], n_prompts: int) -> list[int]:
+    """One generation limit per prompt."""
+    if isinstance(limit, int):
+        return [limit] * n_prompts
+    limits = list(limit)
+    if len(limits) != n_prompts:
+        raise ValueError(f"{len(limits)} generation limits for {n_prompts} prompts")
+    return limits
+
+
+def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """log p (B, V) truncated to each row's nucleus and renormalised: the likeliest tokens whose
+    mass reaches top_p (a token stays when the mass strictly ahead of it, in descending order,
+    is below top_p, so the likeliest token always stays)."""
+    ordered, order = torch.sort(logp, dim=-1, descending=True)
+    p = ordered.exp()
+    ahead = p.cumsum(dim=-1) - p  # (B, V) mass of the likelier tokens
+    drop = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, order, ahead >= top_p)
+    kept = logp.masked_fill(drop, -torch.inf)
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
+
+
+class SeededSampler:
+    """A logits processor: samples each row from its own random stream, records the log-prob of
+    what it sampled, and returns scores whose argmax is that token (transformers' greedy loop
+    then appends it).
+
+    seeds (B,): one per row; steps: the most tokens a row draws; start: the prompt width (the
+    input_ids beyond it were generated). Scores arrive as float32 logits (B, V)."""
+
+    def __init__(self, seeds: Sequence[int], steps: int, start: int, temperature: float,
+                 top_p: float) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 to sample, got {temperature}")
+        # one uniform per position of each row, drawn up front from the row's own stream
+        self.uniforms = torch.stack([
+            torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+            for s in seeds])  # (B, steps)
+        self.start, self.temperature, self.top_p = start, temperature, top_p
+        self.logprobs: list[torch.Tensor] = []  # (B,) per step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.start
+        logp = torch.log_softmax(scores.double() / self.temperature, dim=-1)  # (B, V)
+        if self.top_p < 1.0:
+            logp = nucleus(logp, self.top_p)
+        cdf = logp.exp().cumsum(dim=-1)  # (B, V)
+        u = self.uniforms[:, step].to(cdf.device)[:, None] * cdf[:, -1:]  # (B, 1)
+        # the first token whose cumulative mass exceeds u: never one of probability 0
+        chosen = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)  # (B, 1)
+        self.logprobs.append(logp.gather(1, chosen).squeeze(1).float().cpu())
+        return torch.full_like(scores, -torch.inf).scatter_(1, chosen, 0.0)
+
+
+@torch.no_grad()
+def sample_hf(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int | Sequence[int],
+    seed: int = 0,
+    prompt_seeds: Sequence[int] | None = None,
+    batch_size: int,
+    desc: str = "sampling",
+    synced_gpus: bool = False,
+    stop_tokens: str = "end_of_turn",
+) -> list[Sample]:
+    """`n` sampled responses for each prompt, ordered by (prompt, sample); temperature 0 is greedy.
+
+    Prompt i's seed is prompt_seeds[i] (the trainer's: a hash of the run seed, the step and the
+    prompt's index in its pool), else prompt_seed(seed, i); its sample j is drawn from the stream
+    seeded sequence_seed(that, j), whatever batch it lands in. Each Sample carries the sampler's
+    log-prob of every response token (None when greedy).
+    max_new_tokens: one limit, or one per prompt (a batch generates up to its largest limit and
+    each response is cut at its own). A response ends at its first stop token
+    (:func:`stop_token_ids` by rule `stop_tokens`, the model's generation config at hand), which
+    it keeps.
+    synced_gpus: a ZeRO-3 model, whose every forward gathers parameters from all ranks: each
+    generate() call runs forwards until every rank's batch is done (transformers' synced_gpus);
+    the ranks must make equally many calls (batches)."""
+    from transformers import LogitsProcessorList
+
+    stops = stop_token_ids(tokenizer, stop_tokens, getattr(model, "generation_config", None))
+    eos = stops[0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    limits = per_prompt(max_new_tokens, len(prompts))
+    seeds = (list(prompt_seeds) if prompt_seeds is not None
+             else [prompt_seed(seed, i) for i in range(len(prompts))])
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} prompt seeds for {len(prompts)} prompts")
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
+    device = next(model.parameters()).device
+    out: list[Sample] = []
+    bar = progress(total=len(jobs), desc=desc, unit="seq", leave=False)
+    for start in range(0, len(jobs), batch_size):
+        batch = jobs[start : start + batch_size]
+        seqs = [prompt_ids[i] for i, _ in batch]
+        width = max(map(len, seqs))
+        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding: generated tokens line up on the right
+            input_ids[r, width - len(s) :] = torch.tensor(s)
+            attention[r, width - len(s) :] = 1
+        steps = max(limits[i] for i, _ in batch)
+        sampler = (SeededSampler([sequence_seed(seeds[i], j) for i, j in batch], steps, width,
+                                 temperature, top_p) if temperature > 0 else None)
+        generated = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            do_sample=False,  # greedy over the seeded processor's choice (or plain greedy at T = 0)
+            logits_processor=LogitsProcessorList([sampler] if sampler else []),
+            max_new_tokens=steps,
+            eos_token_id=stops,
+            pad_token_id=pad,
+            synced_gpus=synced_gpus,
+        )[:, width:].cpu()
+        logprobs = torch.stack(sampler.logprobs, dim=1) if sampler and sampler.logprobs else None
+        for r, (i, j) in enumerate(batch):
+            tokens = generated[r].tolist()[: limits[i]]
+            end = next((k for k, t in enumerate(tokens) if t in stops), None)
+            if end is not None:
+                tokens = tokens[: end + 1]
+                reason = "stop"
+            else:
+                reason = "length"
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            lp = logprobs[r, : len(tokens)].tolist() if logprobs is not None else None
+            out.append(Sample(i, j, prompt_ids[i], tokens, text, reason, lp))
+        bar.update(len(batch))
+    bar.close()
+    return out
