@@ -19,8 +19,6 @@ from __future__ import annotations
 import copy
 import inspect
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -34,6 +32,7 @@ from stages.config import ConfigError, validate
 from stages.core.plans import memory as mem
 from stages.core.plans.memory import GB, Arch, Layout
 from tests.conftest import ROOT, run_stage, write_yaml
+from tests.helpers import run_ranks, worker_argv
 
 
 def load_raw(name: str) -> dict:
@@ -275,17 +274,8 @@ def _two_rank_worker(out: str) -> None:
 @pytest.mark.slow
 def test_partitioned_states_agree_on_two_ranks(tmp_path):
     """The 1/N terms, ZeRO-3's included, on two gloo processes."""
-    from stages.launch import free_port
-
-    code = "import sys; from tests.test_plan import _two_rank_worker; _two_rank_worker(sys.argv[1])"
-    port, out = str(free_port()), tmp_path / "two.pt"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(r), "LOCAL_RANK": str(r),
-                                   "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    for p in procs:
-        log, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, log[-3000:]
+    out = tmp_path / "two.pt"
+    run_ranks(2, worker_argv("tests.test_plan", "_two_rank_worker", out))
     for case, r in torch.load(out).items():
         assert r["estimated_at_step"] == pytest.approx(r["measured_at_step"], rel=0.10), (case, r)
         assert r["estimated_resident"] == pytest.approx(r["measured_resident"], rel=0.10), (case, r)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 import types
 
 import pytest
@@ -28,9 +27,9 @@ import yaml
 from stages.config import ConfigError, validate
 from stages.core.models.engine import parallel_groups
 from stages.core.training import rollouts
-from stages.launch import free_port
 from stages.train import check_layout
 from tests.conftest import ROOT
+from tests.helpers import start_ranks, wait_ranks, worker_argv
 from tests.test_train import PAD, VOCAB, random_batch
 
 pytestmark = pytest.mark.slow  # trainings across two processes: scripts/test.sh --all
@@ -241,17 +240,8 @@ def _sp_worker(out: str) -> None:
 
 
 def _start(world: int, out) -> list[subprocess.Popen]:
-    code = ("import sys; from tests.test_sequence_parallel import _sp_worker; "
-            "_sp_worker(sys.argv[1])")
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
+    return start_ranks(world, worker_argv("tests.test_sequence_parallel", "_sp_worker", out),
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
 
 
 def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -265,10 +255,7 @@ def test_sequence_parallel_2_gives_the_scores_loss_and_gradients_of_none(tmp_pat
     from stages.core.models.modeling import build_scratch_model
 
     build_scratch_model(ARCH, VOCAB, PAD, seed=0).save_pretrained(tmp_path / "base")
-    procs = _start(1, tmp_path / "one.pt") + _start(2, tmp_path / "two.pt")
-    for p in procs:
-        log, _ = p.communicate(timeout=600)  # a rank left waiting in a collective never returns
-        assert p.returncode == 0, log[-4000:]
+    wait_ranks(_start(1, tmp_path / "one.pt") + _start(2, tmp_path / "two.pt"))
     one = torch.load(tmp_path / "one.pt.0", weights_only=False)
     two = [torch.load(tmp_path / f"two.pt.{r}", weights_only=False) for r in range(2)]
     assert one["sp"] == (0, 1) and [r["sp"] for r in two] == [(0, 2), (1, 2)]

@@ -47,8 +47,8 @@ from stages.core.training.actor import actor_step, micro_loss
 from stages.core.training.live import LOGGERS
 from stages.core.training.losses import aggregate_loss, clipped_surrogate, loss_weights
 from stages.core.training.selectors import SelectionInput, grid, select_tokens, valid_grid
-from stages.launch import free_port
 from tests.conftest import ROOT, run_stage, save_scratch_model, write_problems, write_yaml
+from tests.helpers import start_ranks, wait_ranks, worker_argv
 
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                              num_attention_heads=2, num_key_value_heads=1,
@@ -311,18 +311,8 @@ def _update_worker(out: str) -> None:
 
 @pytest.mark.slow
 def test_two_processes_give_the_loss_and_update_of_one(tmp_path):
-    code = "import sys; from tests.test_train import _update_worker; _update_worker(sys.argv[1])"
-    procs = []
-    for world, out in ((1, tmp_path / "one.pt"), (2, tmp_path / "two.pt")):
-        port = str(free_port())
-        for rank in range(world):
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-            procs.append(subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, log[-3000:]
+    wait_ranks([p for world, out in ((1, tmp_path / "one.pt"), (2, tmp_path / "two.pt"))
+                for p in start_ranks(world, worker_argv("tests.test_train", "_update_worker", out))])
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     for (method, denom, zero), a, b in zip(CASES, one, two, strict=True):
         what = f"{method['selector']} / {denom} / ZeRO {zero}"

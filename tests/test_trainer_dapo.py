@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import subprocess
-import sys
 
 import polars as pl
 import pytest
@@ -27,9 +25,9 @@ from stages.core.training import rollouts
 from stages.core.training.actor import actor_step, micro_loss, truncated_importance_weights
 from stages.core.training.losses import overlong_penalty
 from stages.keys import train_config_hash
-from stages.launch import free_port
 from tests import test_train
 from tests.conftest import ROOT, run_stage, write_yaml
+from tests.helpers import run_ranks, worker_argv
 from tests.test_train import ARCH, PAD, VOCAB, cli_args, random_batch
 
 job = test_train.job  # the tiny trained-format model and its prompts (module fixture)
@@ -38,19 +36,8 @@ CPU = engine_glue.Dist(0, 1, torch.device("cpu"))
 
 
 def two_ranks(worker: str, out) -> None:
-    """Run `worker(out)` of this module on two gloo processes and wait for both (a rank left
-    waiting in a collective never returns: the timeout ends the test)."""
-    code = f"import sys; from tests.test_trainer_dapo import {worker}; {worker}(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, log[-3000:]
+    """Run `worker(out)` of this module on two gloo processes and wait for both."""
+    run_ranks(2, worker_argv("tests.test_trainer_dapo", worker, out), timeout=300)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,9 +14,6 @@ across world sizes the next update agrees to the float rounding of a reduction i
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +21,8 @@ import torch
 import yaml
 
 from stages.config import ConfigError, validate
-from stages.launch import free_port
 from tests.conftest import ROOT
+from tests.helpers import run_ranks, worker_argv
 
 STAGES = (0, 1, 2, 3)
 
@@ -144,19 +141,8 @@ def _universal_worker(phase: str, folder: str) -> None:
 
 
 def run_phase(phase: str, world: int, folder: Path) -> dict:
-    code = ("import sys; from tests.test_universal import _universal_worker; "
-            "_universal_worker(sys.argv[1], sys.argv[2])")
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, phase, str(folder)], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=900)
-        assert p.returncode == 0, log[-4000:]
+    run_ranks(world, worker_argv("tests.test_universal", "_universal_worker", phase, folder),
+              timeout=900)
     return torch.load(folder / f"{phase}.pt", weights_only=False)
 
 

@@ -27,8 +27,8 @@ import pytest
 import torch
 import yaml
 
-from stages.launch import free_port
 from tests.conftest import ROOT, workflow_env, write_problems, write_yaml
+from tests.helpers import run_ranks
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -213,19 +213,9 @@ def test_zero3_shards_reach_a_tensor_parallel_engine_of_two_processes(vpy, tmp_p
                                               num_key_value_heads=1)
     raw["models"]["tiny-s"]["train_processes"] = 2
     raw["train"].update(zero_stage=3, backend="vllm")
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**workflow_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "ICT_RLVR_CHECK_CONFIG": json.dumps(raw)}
-        procs.append(subprocess.Popen(
-            [vpy, "-m", "tests.vllm_checks", "zero3_reload", str(tmp_path / "z3.pt"),
-             str(tmp_path / "base.json")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, log[-6000:]
+    run_ranks(2, ["-m", "tests.vllm_checks", "zero3_reload", str(tmp_path / "z3.pt"),
+                  str(tmp_path / "base.json")],
+              python=vpy, env=workflow_env(ICT_RLVR_CHECK_CONFIG=json.dumps(raw)))
     reports = [torch.load(tmp_path / f"z3.pt.{rank}", weights_only=False) for rank in range(2)]
     groups = reports[0]["groups"]
     spans: dict = {}

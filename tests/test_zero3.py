@@ -28,9 +28,9 @@ from safetensors.torch import load_file
 
 from stages.core.models.modeling import build_scratch_model
 from stages.core.models.policy import Policy, gathered_state
-from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, write_yaml
+from tests.helpers import run_ranks, worker_argv
 from tests.test_train import ARCH, PAD, VOCAB, cli_args, job, random_batch  # noqa: F401
 
 pytestmark = pytest.mark.slow  # DeepSpeed ZeRO-3 across processes, through the stage: scripts/test.sh --all
@@ -294,18 +294,7 @@ def _zero3_worker(out: str) -> None:
 @pytest.mark.slow
 def test_zero3_actor_resume_vllm_and_generation_on_two_processes(tmp_path):
     (tmp_path / "base.json").write_text('{"kind": "scratch", "path": "checkpoint"}')
-    code = "import sys; from tests.test_zero3 import _zero3_worker; _zero3_worker(sys.argv[1])"
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.pt")],
-                                      cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log, _ = p.communicate(timeout=600)  # a rank left waiting in a collective never returns
-        assert p.returncode == 0, log[-4000:]
+    run_ranks(2, worker_argv("tests.test_zero3", "_zero3_worker", tmp_path / "out.pt"))
     check_reports([torch.load(tmp_path / f"out.pt.{rank}", weights_only=False) for rank in range(2)])
 
 
