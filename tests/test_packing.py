@@ -26,7 +26,7 @@ from stages.core.statistics.scorer import micro_batches, trunk_hidden
 from stages.core.statistics.scoring import pack, pack_batch
 from stages.core.training import rollouts
 from stages.core.training.actor import actor_step
-from tests.test_sequence_parallel import _PlainEngine, max_rel
+from tests.test_sequence_parallel import PlainEngine, max_rel
 from tests.test_train import PAD, VOCAB, random_batch
 
 ARCH = types.SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -120,7 +120,7 @@ def _update(dtype, padding_free: bool, method: dict, kl: float, budget: int | No
     case = cfg.methods["case"]
     stats = train.rescore(policy, mb, train.scorer_needs(case, False) | {"jsd"}, cfg, PAD, CPU)
     mb.stats = {**stats, "logprob": stats["logprob"] + noise.to(dtype)}
-    engine = _PlainEngine(policy, CPU)
+    engine = PlainEngine(policy, CPU)
     u = actor_step(engine, mb, case, cfg, CPU, torch.Generator().manual_seed(7), PAD, stats=stats,
                    on_policy=False, ref_model=ref, scope=scope)
     return {"stats": stats, "loss": u.loss, "mask": u.mask, "clipped": u.n_clipped, "kl": u.kl_sum,

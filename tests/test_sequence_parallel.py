@@ -29,7 +29,7 @@ from stages.core.models.engine import parallel_groups
 from stages.core.training import rollouts
 from stages.train import check_layout
 from tests.conftest import ROOT
-from tests.helpers import start_ranks, wait_ranks, worker_argv
+from tests.helpers import FakeEngine, start_ranks, wait_ranks, worker_argv
 from tests.test_train import PAD, VOCAB, random_batch
 
 pytestmark = pytest.mark.slow  # trainings across two processes: scripts/test.sh --all
@@ -98,30 +98,16 @@ def _config(world: int, method: dict, zero: int, padding_free: bool, kl: float,
     return validate(raw, "sp.yaml")
 
 
-class _PlainEngine:
-    """The actor's view of an engine without DeepSpeed: backward accumulates; step adds the
-    gradients up over the sequence-parallel group (as DeepSpeed does, over one data-parallel
-    rank), keeps them in `reduced` and clears them."""
+class PlainEngine(FakeEngine):
+    """The actor's view of an engine without DeepSpeed: step adds the gradients up over the
+    sequence-parallel group (as DeepSpeed does, over one data-parallel rank)."""
 
     def __init__(self, module, sp):
-        self.module, self.sp, self.reduced = module, sp, {}
+        super().__init__(module)
+        self.sp = sp
 
-    def __call__(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def set_gradient_accumulation_boundary(self, flag):
-        pass
-
-    def backward(self, loss):
-        loss.backward()
-
-    def step(self):
-        self.reduced = {n: self.sp.sum(p.grad) for n, p in self.module.lm.named_parameters()
-                        if p.grad is not None}
-        self.module.zero_grad()
-
-    def get_global_grad_norm(self):
-        return 0.0
+    def reduce(self, grad):
+        return self.sp.sum(grad)
 
 
 def _two_updates(engine, cfg, dist, ref, noise) -> dict:
@@ -215,7 +201,7 @@ def _sp_worker(out: str) -> None:
             return p
 
         ref = policy(ref_seed).requires_grad_(False).eval() if kl else None
-        report[name] = _two_updates(_PlainEngine(policy(0), dist.sp), cfg, dist, ref, noise.double())
+        report[name] = _two_updates(PlainEngine(policy(0), dist.sp), cfg, dist, ref, noise.double())
 
     # a step's groups: each rank of the group samples half of them, all train on all of them
     raw = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())

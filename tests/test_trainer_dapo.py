@@ -27,7 +27,7 @@ from stages.core.training.losses import overlong_penalty
 from stages.keys import train_config_hash
 from tests import test_train
 from tests.conftest import ROOT, run_stage, write_yaml
-from tests.helpers import run_ranks, worker_argv
+from tests.helpers import FakeEngine, run_ranks, worker_argv
 from tests.test_train import ARCH, PAD, VOCAB, cli_args, random_batch
 
 job = test_train.job  # the tiny trained-format model and its prompts (module fixture)
@@ -348,29 +348,16 @@ def virtual_config(test_raw, processes: int):
     return validate(raw, "virtual.yaml")
 
 
-class ReducingEngine:
-    """The actor's view of an engine, without DeepSpeed: backward accumulates; step averages the
-    gradients over the ranks (as DeepSpeed does), keeps them in `reduced` and clears them."""
+class ReducingEngine(FakeEngine):
+    """The actor's view of an engine, without DeepSpeed: step averages the gradients over the
+    ranks (as DeepSpeed does)."""
 
     def __init__(self, module, dist):
-        self.module, self.dist, self.reduced = Policy(module), dist, {}
+        super().__init__(Policy(module))
+        self.dist = dist
 
-    def __call__(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def set_gradient_accumulation_boundary(self, flag):
-        pass
-
-    def backward(self, loss):
-        loss.backward()
-
-    def get_global_grad_norm(self):
-        return 0.0
-
-    def step(self):
-        self.reduced = {n: self.dist.sum(p.grad) / self.dist.world
-                        for n, p in self.module.lm.named_parameters() if p.grad is not None}
-        self.module.zero_grad()
+    def reduce(self, grad):
+        return self.dist.sum(grad) / self.dist.world
 
 
 def virtual_batch():
