@@ -387,6 +387,14 @@ def scontrol_jobs() -> dict[str, dict[str, str]]:
     return jobs
 
 
+def stop_runs(runs: dict[str, dict]) -> None:
+    """Terminate the runs ({name: {"proc": Popen, ...}}) still going, and wait for them."""
+    for run in runs.values():
+        if run["proc"].poll() is None:
+            run["proc"].terminate()
+            run["proc"].wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory, request):
     """The test config run through `--profile slurm`, and the session's local run beside it; the
@@ -427,10 +435,7 @@ def runs(slurm_cluster, tmp_path_factory, request):
         yield {"cfg": cfg, "env": env, "slurm_wd": slurm_wd, "local_wd": local_wd, "jobs": jobs,
                "expected": job_counts(local_out), "scontrol": scontrol_jobs(), "training": training}
     finally:
-        for run in training.get("runs", {}).values():  # stopped here if no test waited for them
-            if run["proc"].poll() is None:
-                run["proc"].terminate()
-                run["proc"].wait(timeout=30)
+        stop_runs(training.get("runs", {}))  # stopped here if no test waited for them
 
 
 @pytest.mark.slow
@@ -676,10 +681,7 @@ def walltime_kills(slurm_cluster, tmp_path_factory):
               f"{kills['kills']}")
         yield kills
     finally:
-        for run in kills["runs"].values():
-            if run["proc"].poll() is None:
-                run["proc"].terminate()
-                run["proc"].wait(timeout=30)
+        stop_runs(kills["runs"])
 
 
 @pytest.mark.slow
