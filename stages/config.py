@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stages.core.common.errors import ConfigError  # noqa: F401 - its public home is here
+from stages.core.models.parallel import sequence_parallel_misfit
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
 """Names of sizes, methods and datasets become path segments: no '/', '=' or spaces."""
@@ -439,9 +440,9 @@ class VirtualLayout(Strict):
 
     @model_validator(mode="after")
     def _groups_whole(self) -> VirtualLayout:
-        if self.world_size % self.sequence_parallel:
-            raise _FieldError("sequence_parallel", f"{self.sequence_parallel} does not divide "
-                              f"world_size ({self.world_size})")
+        if why := sequence_parallel_misfit(self.sequence_parallel, self.world_size,
+                                           f"world_size ({self.world_size})"):
+            raise _FieldError("sequence_parallel", why)
         return self
 
 
@@ -1058,10 +1059,9 @@ def _check_layout(size: str, model: ModelSize, train: Train) -> None:
         raise _RefError(f"{key}.train_tensor_parallel_size",
                         f"{model.train_tensor_parallel_size} does not divide the training job's "
                         f"{world} GPU(s) (gpus.train)")
-    if world % train.sequence_parallel:
-        raise _RefError("train.sequence_parallel",
-                        f"{train.sequence_parallel} does not divide the {world} GPU(s) of "
-                        f"models.{size}.gpus.train")
+    if why := sequence_parallel_misfit(train.sequence_parallel, world,
+                                       f"the {world} GPU(s) of models.{size}.gpus.train"):
+        raise _RefError("train.sequence_parallel", why)
     sp = train.sequence_parallel
     if sp > 1 and (heads := _attention_heads(model)) is not None:
         q, kv = heads  # Ulysses splits the heads over the group: every rank needs whole heads

@@ -91,6 +91,7 @@ from .core.models.engine import (
     partitioned_loading,
     resolve_launch,
 )
+from .core.models.parallel import parallel_groups
 from .core.models.policy import full_state_dict
 from .core.statistics.batching import VirtualStep
 from .core.statistics.scorer import Chunks, score_scope
@@ -448,9 +449,7 @@ def check_layout(cfg: Config, method: Method, method_name: str, world: int) -> N
     sequences; a mini-batch's prompts split over the world / sequence_parallel data-parallel
     ranks."""
     t = cfg.train
-    if world % t.sequence_parallel:
-        raise ConfigError(f"train.sequence_parallel: {t.sequence_parallel} does not divide the "
-                          f"job's {world} processes")
+    parallel_groups(world, t.sequence_parallel)  # ConfigError when the groups do not come out whole
     dp = world // t.sequence_parallel
     if t.mini_batch_prompts % dp:
         where = f"{world} processes" if dp == world else (

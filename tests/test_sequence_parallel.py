@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from stages.config import ConfigError, validate
-from stages.core.models.engine import parallel_groups
+from stages.core.models.parallel import parallel_groups
 from stages.core.training import rollouts
 from stages.train import check_layout
 from tests.conftest import ROOT

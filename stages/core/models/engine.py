@@ -9,9 +9,9 @@ reference under ZeRO-3 (:func:`partitioned_loading`: both are partitioned while 
 Sequence parallelism (train.sequence_parallel = k): the job's ranks form groups of k consecutive
 ranks that hold the same sequences, each running a slice of their positions (DeepSpeed's Ulysses
 attention, stages.core.models.policy); the data-parallel group of a rank is the ranks at its place in
-every group. :class:`Dist` is that data-parallel group, with its sequence-parallel group and the
-whole job beside it. The vLLM engine that shares the GPU with training (weight sync, sleep
-and wake) is in stages.core.models.samplers.
+every group (stages.core.models.parallel.parallel_groups). :class:`Dist` is that data-parallel
+group, with its sequence-parallel group and the whole job beside it. The vLLM engine that shares
+the GPU with training (weight sync, sleep and wake) is in stages.core.models.samplers.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from stages.core.common.errors import ConfigError
+from stages.core.models.parallel import parallel_groups
 from stages.core.models.policy import Layout, as_policy, install_ulysses
 
 if TYPE_CHECKING:  # the config sits above the library: types only
@@ -121,18 +122,6 @@ class Dist:
             import torch.distributed as dist
 
             dist.barrier(group=self.group)
-
-
-def parallel_groups(world: int, sequence_parallel: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(sequence-parallel groups, data-parallel groups) of the job's ranks: sequence-parallel
-    groups are blocks of consecutive ranks (as DeepSpeed's parallel_state_sp makes them, and
-    as the ranks of one node come), a data-parallel group takes the same place in every block."""
-    if world % sequence_parallel:
-        raise ConfigError(f"train.sequence_parallel: {sequence_parallel} does not divide the "
-                          f"job's {world} processes")
-    sp = [list(range(g, g + sequence_parallel)) for g in range(0, world, sequence_parallel)]
-    dp = [list(range(j, world, sequence_parallel)) for j in range(sequence_parallel)]
-    return sp, dp
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from stages.core.models.parallel import sequence_parallel_misfit
+
 RankMax = Callable[[int], int]
 """The largest of a number over the ranks of the job (None: one process)."""
 
@@ -193,8 +195,8 @@ def virtual_step(lengths: Sequence[int], *, world_size: int, sequence_parallel: 
     unpadded tokens of one micro-batch (ppo_max_token_len_per_gpu × sequence_parallel); balance:
     trainer.balance_batch (the ranks' chunks are the step's order cut in equal parts otherwise)."""
     n = len(lengths)
-    if world_size % sequence_parallel:
-        raise ValueError(f"sequence parallelism {sequence_parallel} does not divide {world_size} ranks")
+    if why := sequence_parallel_misfit(sequence_parallel, world_size, f"{world_size} ranks"):
+        raise ValueError(f"sequence parallelism {why}")
     groups = world_size // sequence_parallel
     if n % world_size or (n // groups) % group_batch:
         raise ValueError(f"{n} sequences do not split into {world_size} ranks' equal chunks and "
