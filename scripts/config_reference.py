@@ -1,4 +1,4 @@
-"""Write docs/config-reference.md from the config models (stages/config.py): every key with its
+"""Write docs/config-reference.md from the config models (stages/config/): every key with its
 type, default and description, and every registered selector's parameters. tests/test_docs.py
 checks that the page is current; run `python scripts/config_reference.py` after changing a field."""
 
