@@ -18,7 +18,7 @@ PAGE = ROOT / "docs" / "config-reference.md"
 
 HEADER = """# Configuration reference
 
-Generated from the config models in `stages/config.py` (`python scripts/config_reference.py`; a test
+Generated from the config models in `stages/config/` (`python scripts/config_reference.py`; a test
 checks that this page is current). Every key with its type, its default ("required" where it has
 none) and its description; `<name>` stands for a key you choose (a dataset, a size, a method). Which
 values are ours rather than a paper's is marked at the value, in the config files: `grep -n '# ours:'
