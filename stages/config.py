@@ -400,7 +400,7 @@ class Method(BaseModel):
 
 
 class Loss(Strict):
-    """Clipped surrogate and its aggregation (METHODS §4)."""
+    """The policy loss (by default the clipped surrogate) and its aggregation (METHODS §4)."""
 
     eps_low: float = Field(0.2, ge=0, lt=1, description="clip ratio below 1 (r ≥ 1 − eps_low)")
     eps_high: float = Field(0.28, ge=0, description="clip ratio above 1 (r ≤ 1 + eps_high; DAPO clip-higher)")
