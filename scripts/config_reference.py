@@ -1,4 +1,4 @@
-"""Write docs/config-reference.md from the config models (stages/config.py): every key with its
+"""Write docs/config-reference.md from the config models (stages/config/): every key with its
 type, default and description, and every registered selector's parameters. tests/test_docs.py
 checks that the page is current; run `python scripts/config_reference.py` after changing a field."""
 
@@ -18,7 +18,7 @@ PAGE = ROOT / "docs" / "config-reference.md"
 
 HEADER = """# Configuration reference
 
-Generated from the config models in `stages/config.py` (`python scripts/config_reference.py`; a test
+Generated from the config models in `stages/config/` (`python scripts/config_reference.py`; a test
 checks that this page is current). Every key with its type, its default ("required" where it has
 none) and its description; `<name>` stands for a key you choose (a dataset, a size, a method). Which
 values are ours rather than a paper's is marked at the value, in the config files: `grep -n '# ours:'

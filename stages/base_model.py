@@ -32,7 +32,7 @@ def accuracy(model, tokenizer, frame, *, n: int, temperature: float, max_new_tok
              seed: int, batch_size: int = 128) -> float:
     """Fraction of correct responses over `n` samples of each prompt in `frame`."""
     from .core.models.generation import sample_hf
-    from .core.reward.grading import is_correct
+    from .core.reward.registry import is_correct
 
     samples = sample_hf(
         model, tokenizer, frame["prompt"].to_list(), n=n, temperature=temperature, top_p=1.0,

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from .config import Config, ConfigError, Cost
 from .core.plans import cost as cc
 from .core.plans.cost import approx, hours, size_of
+from .core.plans.dimensions import model_arch  # a size's dimensions (errors name the key)
 from .core.plans.memory import dtype_bytes
 from .keys import checkpoint_steps
-from .plan import model_arch  # the memory plan's dimensions of a size (errors name the key)
 
 # Problems of the benchmark sources the shipped configs read, by (dataset, config, split,
 # adapter); each count is the one the config's comment or the dataset's card gives.

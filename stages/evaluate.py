@@ -155,7 +155,7 @@ def main(args, cfg: Config) -> None:
         SamplingSettings,
         open_sampler,
     )
-    from .core.reward.grading import grade_many
+    from .core.reward.registry import grade_many
 
     jobs = check_args(args, cfg)
     problem_sets = [read_problems(data) for _, data, _ in jobs]  # every input checked first

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Config, Train, digest
+from .config import Config, Loss, Train, digest
 
 EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
                  "grade_timeout_s", "batch_size", "graders", "batch_invariant", "engine_kwargs")
@@ -87,12 +87,26 @@ def engine_result(kwargs: dict) -> dict:
     return _without(kwargs, ENGINE_OPERATIONAL)
 
 
+LOSS_UNHASHED_AT_DEFAULT = ("policy_loss",)
+"""Result keys of train.loss that enter the hashes only when they differ from their defaults: they
+came after results existed, and at their defaults those results are exactly what they compute, so
+a config that leaves them out keeps the hashes (and resume states) it had."""
+
+
+def loss_result(loss: dict) -> dict:
+    """train.loss (whole or partial) without the keys of LOSS_UNHASHED_AT_DEFAULT at their defaults."""
+    return {k: v for k, v in loss.items()
+            if not (k in LOSS_UNHASHED_AT_DEFAULT and v == Loss.model_fields[k].default)}
+
+
 def train_section_result(section: dict) -> dict:
     """A training section (whole or partial) without its operational keys; its engine_kwargs
-    without the operational engine arguments."""
+    without the operational engine arguments; its loss as loss_result."""
     out = _without(section, TRAIN_OPERATIONAL)
     if "engine_kwargs" in out:
         out["engine_kwargs"] = engine_result(out["engine_kwargs"])
+    if isinstance(out.get("loss"), dict):
+        out["loss"] = loss_result(out["loss"])
     return out
 
 

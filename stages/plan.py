@@ -19,10 +19,10 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from .config import Config, ConfigError, Gpus, load_config
 from .core.plans import memory as mem
+from .core.plans.dimensions import model_arch
 from .core.plans.memory import GB, Arch, Figure, Layout, Term
 
 KINDS = ("rollout", "token_stats", "train", "evaluate")
@@ -73,35 +73,6 @@ class JobPlan:
                 "gpu_key": self.gpu_key, "host": fig(self.host), "mem_gb": round(self.mem_gb, 3),
                 "mem_key": self.mem_key, "deepspeed_estimate": self.ds_estimate,
                 "fits": self.fits, "problems": self.problems, "notes": self.notes}
-
-
-# ---------------------------------------------------------------------------------------------
-# Model dimensions of a size
-# ---------------------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def _tokenizer_size() -> int:
-    from .core.models.modeling import build_tokenizer
-
-    return len(build_tokenizer())
-
-
-def model_arch(cfg: Config, size: str) -> Arch:
-    """The dimensions of a size's model, without network; errors name the config key."""
-    m = cfg.models[size]
-    if m.source == "scratch":
-        return mem.scratch_arch(m.scratch, _tokenizer_size())
-    if m.source == "gguf":
-        from .core.models.modeling import GgufNotFound, find_gguf
-
-        try:
-            path, _, _ = find_gguf(m.gguf.package, m.gguf.file)
-        except GgufNotFound as err:
-            raise ConfigError(f"models.{size}.gguf.{err.field}: {err}") from None
-        return mem.gguf_arch(path)
-    try:
-        return mem.hub_arch(m.hub.model_id, m.hub.revision)
-    except mem.UnknownModel as err:
-        raise ConfigError(f"models.{size}.hub.model_id: {err}") from None
 
 
 def _engine_bytes(cfg: Config, size: str) -> int:

@@ -17,7 +17,7 @@ from .config import Config, ConfigError
 from .core.common.io import provenance, read_parquet, write_parquet
 from .core.data.problems import PROBLEM_SCHEMA
 from .core.models.backends import SamplingSettings, generate
-from .core.reward.grading import grade_many
+from .core.reward.registry import grade_many
 from .keys import result_hash
 from .keys import rollout_config_keys as config_keys
 

@@ -37,6 +37,10 @@ reference's β = Σ_a P̄(a)² (beta_*), and the same restricted to the picks at
 without a reference of its own (token_id, scope_position, the random control, all tokens) is
 profiled against the paper rule's: reference_of says whose. tokens.parquet holds the paper rule's
 per token (ict_ref_prob, ict_ref_prob_out, ict_ref_beta) and `diverged`.
+
+Over 600 lines: one stage, which computes the statistics once and then derives from the same
+tensors every selector's picks, each reading's profile and the summary; its pieces are the
+summary's columns, and the computation they share lives in stages.core.statistics.
 """
 
 from __future__ import annotations

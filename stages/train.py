@@ -53,6 +53,12 @@ continues from the last one and reaches the same final metrics, also after opera
 the config (stages.keys), and on another number of processes through a universal checkpoint; a
 changed result key is refused by name. The `save_every` checkpoints wait there too, and move to
 --out-dir at the end; the folder is removed once the outputs are written.
+
+Over 600 lines: this is the training stage's whole process, in the order it runs: its arguments,
+the resume state it saves and checks, the step loop, the per-step metrics and the outputs. The
+pieces the loop composes (rollouts, selectors, losses, the actor, the engine) live in
+stages.core.training and stages.core.models; splitting what is left would separate the loop from
+the state it saves.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def test_the_marker_check_can_fail():
 
 
 def test_the_config_reference_is_the_config_models():
-    """docs/config-reference.md is generated from stages/config.py's fields: regenerate it with
+    """docs/config-reference.md is generated from stages/config/'s fields: regenerate it with
     python scripts/config_reference.py after changing a field."""
     import importlib.util
 

@@ -216,8 +216,8 @@ def test_the_checker_fails_a_broken_command(command, results):
 def science_examples(tmp_path, monkeypatch):
     """docs/science.md's example files written to a folder that is the working directory."""
     files = example_files((ROOT / "docs" / "science.md").read_text())
-    assert {"my_selectors.py", "my_graders.py", "my.yaml", "my_bench.jsonl", "my_bench.yaml"} <= set(files), \
-        sorted(files)
+    assert {"my_selectors.py", "my_graders.py", "my.yaml", "my_bench.jsonl", "my_bench.yaml",
+            "my_losses.py", "my_loss.yaml"} <= set(files), sorted(files)
     for name, content in files.items():
         (tmp_path / name).write_text(content)
     monkeypatch.chdir(tmp_path)
@@ -246,6 +246,43 @@ def test_the_selector_example_validates_and_selects(science_examples):
         assert select_tokens("surprise", inp, threshold=3.0).tolist() == [[False, True, True, False]]
     finally:
         SELECTORS.pop("surprise", None)
+
+
+def test_the_loss_example_validates_and_trains(science_examples):
+    """The overlay validates with the method's loss and mode; CISPO's gradient is −clip(r) Â per
+    token, with every token's gradient kept; the mode weighs by 1 / B; micro_loss uses both."""
+    import math
+
+    import torch
+    import yaml
+    from snakemake.utils import update_config
+
+    from stages.config import validate
+    from stages.core.training.actor import micro_loss
+    from stages.core.training.losses import LOSS_AGG_MODES, POLICY_LOSSES, loss_weights
+
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    update_config(raw, yaml.safe_load((science_examples / "my_loss.yaml").read_text()))
+    try:
+        cfg = validate(raw, "config/config.yaml, my_loss.yaml")
+        loss = cfg.train_for("cispo", cfg.experiment.sizes[0]).loss
+        assert (loss.policy_loss, loss.denominator) == ("cispo", "sequence_sum")
+        assert cfg.train_for("grpo", cfg.experiment.sizes[0]).loss.policy_loss == "ppo_clip"
+        valid = torch.tensor([[True, True, True], [True, False, False]])
+        w = loss_weights(valid, valid, "sequence_sum", dtype=torch.float64)[valid]
+        assert w.tolist() == [0.5, 0.5, 0.5, 0.5]
+        d = torch.float64
+        logp = torch.tensor([-1.0, -1.0, -1.0, -1.0], dtype=d, requires_grad=True)
+        old = logp.detach() - torch.tensor([2.0, 0.1, -2.0, 0.0], dtype=d)  # r = e², e^0.1, e^−2, 1
+        adv = torch.tensor([1.0, -1.0, 1.0, 2.0], dtype=d)
+        term, _, clipped, _, _ = micro_loss(logp, old, adv, w, loss, 1)
+        term.backward()
+        r = torch.tensor([1.28, math.exp(0.1), 0.8, 1.0], dtype=d)  # clipped to [1 − 0.2, 1 + 0.28]
+        assert torch.allclose(logp.grad, -r * adv * w.to(d), rtol=1e-12)
+        assert clipped == 2
+    finally:
+        POLICY_LOSSES.pop("cispo", None)
+        LOSS_AGG_MODES.pop("sequence_sum", None)
 
 
 def test_the_grader_example_grades_and_a_benchmark_can_name_it(science_examples):

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.reward import grading
+from stages.core.reward import grading, workers
 from stages.core.reward.grading import (
     Grade,
     extract_answer,
@@ -483,7 +483,7 @@ def test_grade_many_matches_grade_and_shares_workers():
 
 def test_orphaned_worker_stops_itself():
     """A worker whose parent is gone mid-job ends by its CPU limit, not after minutes."""
-    worker = grading._Worker()
+    worker = workers._Worker()
     worker._wait_ready()
     worker._conn.send((1, "10^{10^{10^{10}}}", "5", 1e-4, 0.1))
     worker._conn.close()  # as if the parent died

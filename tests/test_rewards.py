@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from stages.core.reward import rewards
+from stages.core.reward import registry as grader_registry
 from stages.core.reward.grading import Grade, grade, grade_many, verify_many
 from stages.core.reward.rewards import (
     GRADERS,
@@ -264,8 +264,8 @@ def test_dapo_numeric_gold_matches_itself(gold, prefix):
 @pytest.fixture
 def registry(monkeypatch):
     """A copy of GRADERS that the test may add to; the real one is restored afterwards."""
-    monkeypatch.setattr(rewards, "GRADERS", dict(rewards.GRADERS))
-    return rewards.GRADERS
+    monkeypatch.setattr(grader_registry, "GRADERS", dict(grader_registry.GRADERS))
+    return grader_registry.GRADERS
 
 
 def test_builtin_graders():

@@ -44,7 +44,7 @@ def package_versions() -> dict[str, str]:
 
 def git_commit() -> str:
     """Commit of the checkout the package runs from ('unknown' outside git), '+dirty' if edited."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     try:
         sha = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],

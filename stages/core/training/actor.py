@@ -4,7 +4,8 @@
    the statistics the selector needs, and only those, and makes the same mask), on the scores
    it is given: the sampling pass's, or a rescoring with the current policy (stages.train
    decides, from `methods.<m>.rescore`). During a dense warm-up every valid token is selected.
-2. Loss weights follow `loss.denominator` over the whole mini-batch (stages.core.training.losses).
+2. Loss weights follow `loss.denominator` over the whole mini-batch: the aggregation mode of that
+   name (stages.core.training.losses.LOSS_AGG_MODES).
 3. Per micro-batch (at most `micro_batch_size` sequences within `micro_batch_tokens`): the trunk
    runs with gradient (optionally checkpointed), the hidden states of the *selected* positions
    go through the chunked head (scorer.head_logprob, inside the Policy's forward, where ZeRO-3
@@ -53,7 +54,7 @@ from stages.core.models.engine import Dist, gradient_world
 from stages.core.models.policy import as_policy
 from stages.core.statistics.batching import MicroScope, forward_plan, micro_batches
 from stages.core.statistics.scorer import Chunks, head_logprob, trunk_hidden
-from stages.core.training.losses import clipped_surrogate, k3_kl, loss_weights
+from stages.core.training.losses import k3_kl, loss_weights, policy_loss_fn
 from stages.core.training.rollouts import Rollouts
 from stages.core.training.selectors import (
     STATISTICS,
@@ -129,7 +130,8 @@ def micro_loss(logp: Tensor, old: Tensor, advantages: Tensor, weights: Tensor, l
 
     logp (n,) with gradient, old (n,) the ratio's denominator, advantages (n,), weights (n,) from
     loss_weights over the whole mini-batch, ref (n,) when β > 0. Returns (term to back-propagate,
-    its value Σ w ℓ, clipped tokens, Σ k3 KL, truncated tokens). ℓ = ψ · clipped surrogate + β·k3,
+    its value Σ w ℓ, clipped tokens, Σ k3 KL, truncated tokens). ℓ = ψ · policy loss + β·k3 (the
+    policy loss: the one registered under loss.policy_loss, by default the clipped surrogate),
     where ψ is the truncated importance weight min(exp(sampling − sampler), tis_cap) when tis_cap
     is set — sampling: the trainer's log-prob under the policy that sampled (the sampling pass,
     detached; not the current log-prob, and not the on-policy old = logp.detach(), whose weight
@@ -140,8 +142,7 @@ def micro_loss(logp: Tensor, old: Tensor, advantages: Tensor, weights: Tensor, l
     the ranks' parts, so the term is Σ w ℓ × world: the sum of the micro-batches' values over
     every rank is the mini-batch's loss (METHODS §4). Under sequence parallelism each rank's
     part is the loss of the tokens its slice of positions predicts."""
-    token_loss, clipped = clipped_surrogate(logp, old, advantages, loss.eps_low, loss.eps_high,
-                                            loss.dual_clip)
+    token_loss, clipped = policy_loss_fn(loss.policy_loss)(logp, old, advantages, loss)
     truncated = 0
     if tis_cap is not None:
         if sampler is None or sampling is None:

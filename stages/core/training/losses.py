@@ -1,9 +1,28 @@
-"""Advantages and policy losses (METHODS §4), as pure tensor functions."""
+"""Advantages and policy losses (METHODS §4), as pure tensor functions.
+
+The policy losses and the loss aggregation modes are registries, as verl's
+``register_policy_loss`` and ``agg_loss``'s modes: a user's new one is one decorated function in
+one file, imported through the config's ``selector_modules`` and chosen by
+``train.loss.policy_loss`` / ``train.loss.denominator`` (docs/science.md):
+
+    @register_policy_loss("my_loss")
+    def my_loss(logprob, old_logprob, advantages, cfg) -> tuple[Tensor, Tensor]: ...
+
+    @register_loss_agg_mode("my_mode")
+    def my_mode(m: Tensor, counts: Counts) -> Tensor: ...
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:  # the config sits above the library: types only
+    from stages.config import Loss
 
 ADV_EPS = 1e-6
 
@@ -31,7 +50,31 @@ def group_advantages(rewards: Tensor, groups: Tensor) -> Tensor:
 # scalar; the trainer sums weighted per-token terms over micro-batches and ranks, so the loss of
 # a mini-batch does not depend on how it is split.
 # ---------------------------------------------------------------------------------------------
-DENOMINATORS = ("selected", "all", "sequence")
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, "Loss"], tuple[Tensor, Tensor]]
+"""(logprob, old_logprob, advantages, the config's train.loss) -> (ℓ per token, clipped per
+token: bool, the tokens whose ratio was cut, for the clip fraction); all of one shape (n,)."""
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: register a per-token policy loss under `name` (train.loss.policy_loss)."""
+
+    def decorate(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorate
+
+
+def policy_loss_fn(name: str) -> PolicyLoss:
+    """The policy loss registered under `name`."""
+    if name not in POLICY_LOSSES:
+        raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
+
 
 LOG_RATIO_CLAMP = 20.0
 """verl clamps log p − log p_old to ±20 before the exponential (core_algos.compute_policy_loss)."""
@@ -69,6 +112,15 @@ def clipped_surrogate(
     return loss, clipped
 
 
+@register_policy_loss("ppo_clip")
+def ppo_clip_loss(logprob: Tensor, old_logprob: Tensor, advantages: Tensor,
+                  cfg: Loss) -> tuple[Tensor, Tensor]:
+    """The default: :func:`clipped_surrogate` with the config's eps_low, eps_high and dual_clip
+    (verl's "vanilla" policy loss, DAPO's clip-higher)."""
+    return clipped_surrogate(logprob, old_logprob, advantages, cfg.eps_low, cfg.eps_high,
+                             cfg.dual_clip)
+
+
 K3_LOG_RATIO_CLAMP = LOG_RATIO_CLAMP
 K3_CLAMP = 10.0
 
@@ -83,6 +135,63 @@ def k3_kl(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
     return (torch.exp(delta) - delta - 1.0).clamp(min=0.0, max=K3_CLAMP)
 
 
+@dataclass(frozen=True)
+class Counts:
+    """The counts of a whole aggregation scope (all micro-batches and ranks of a mini-batch)."""
+
+    selected: float  # selected valid tokens
+    valid: float  # valid tokens
+    sequences: float  # sequences, those with nothing selected included
+
+
+AggMode = Callable[[Tensor, Counts], Tensor]
+"""(m (B, T): 1 on the selected valid tokens, 0 elsewhere, in the weights' dtype; the scope's
+counts) -> weights w (B, T) with L = Σ w ℓ, 0 wherever m is."""
+
+LOSS_AGG_MODES: dict[str, AggMode] = {}
+
+
+def register_loss_agg_mode(name: str) -> Callable[[AggMode], AggMode]:
+    """Decorator: register a loss aggregation mode under `name` (train.loss.denominator)."""
+
+    def decorate(fn: AggMode) -> AggMode:
+        if name in LOSS_AGG_MODES:
+            raise ValueError(f"loss aggregation mode {name!r} is already registered")
+        LOSS_AGG_MODES[name] = fn
+        return fn
+
+    return decorate
+
+
+@register_loss_agg_mode("selected")
+def mean_over_selected(m: Tensor, counts: Counts) -> Tensor:
+    """w = m / Σ m: the mean over the selected tokens."""
+    z = counts.selected
+    return m / z if z > 0 else torch.zeros_like(m)
+
+
+@register_loss_agg_mode("all")
+def sum_over_valid(m: Tensor, counts: Counts) -> Tensor:
+    """w = m / N_valid: the sum over the selected tokens, over all valid tokens."""
+    z = counts.valid
+    return m / z if z > 0 else torch.zeros_like(m)
+
+
+@register_loss_agg_mode("sequence")
+def mean_over_sequences(m: Tensor, counts: Counts) -> Tensor:
+    """w = m_i,t / (Σ_t m_i,t · B): the mean over each sequence's selected tokens, then over the B
+    sequences (a sequence with nothing selected contributes 0 but still counts)."""
+    b = counts.sequences
+    if b <= 0:
+        return torch.zeros_like(m)
+    per_seq = m.sum(dim=1, keepdim=True)  # (B, 1) selected tokens of each sequence
+    return m / (per_seq.clamp_min(1.0) * b)  # rows with nothing selected stay 0
+
+
+DENOMINATORS = LOSS_AGG_MODES
+"""The loss denominators: the registered aggregation modes (built in: selected, all, sequence)."""
+
+
 def loss_weights(
     selected: Tensor,
     valid: Tensor,
@@ -95,7 +204,8 @@ def loss_weights(
 ) -> Tensor:
     """Weights w (B, T) with L = Σ w ℓ for per-token losses ℓ (B, T); 0 wherever not selected.
 
-    selected and valid are (B, T) masks (selected ⊆ valid). `denominator`:
+    selected and valid are (B, T) masks (selected ⊆ valid). `denominator` names a registered
+    aggregation mode (LOSS_AGG_MODES); built in:
     - ``selected``: w = m / Σ m (the mean over selected tokens);
     - ``all``: w = m / N_valid (the sum over selected tokens, over all valid tokens);
     - ``sequence``: w = m_i,t / (Σ_t m_i,t · B): the mean over each sequence's selected tokens, then
@@ -104,20 +214,13 @@ def loss_weights(
     (all micro-batches and ranks) when this is one part of it. Zero counts give zero weights.
     Weights are in `dtype` (use the loss's: float64 in reference tests).
     """
-    if denominator not in DENOMINATORS:
-        raise ValueError(f"unknown loss denominator {denominator!r}; known: {list(DENOMINATORS)}")
+    if denominator not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss denominator {denominator!r}; known: {list(LOSS_AGG_MODES)}")
     m = ((selected != 0) & (valid != 0)).to(dtype)
-    if denominator == "selected":
-        z = float(m.sum()) if n_selected is None else float(n_selected)
-        return m / z if z > 0 else torch.zeros_like(m)
-    if denominator == "all":
-        z = float((valid != 0).sum()) if n_valid is None else float(n_valid)
-        return m / z if z > 0 else torch.zeros_like(m)
-    b = float(selected.shape[0]) if n_sequences is None else float(n_sequences)
-    if b <= 0:
-        return torch.zeros_like(m)
-    per_seq = m.sum(dim=1, keepdim=True)  # (B, 1) selected tokens of each sequence
-    return m / (per_seq.clamp_min(1.0) * b)  # rows with nothing selected stay 0
+    counts = Counts(selected=float(m.sum()) if n_selected is None else float(n_selected),
+                    valid=float((valid != 0).sum()) if n_valid is None else float(n_valid),
+                    sequences=float(selected.shape[0]) if n_sequences is None else float(n_sequences))
+    return LOSS_AGG_MODES[denominator](m, counts)
 
 
 def aggregate_loss(token_loss: Tensor, selected: Tensor, valid: Tensor, denominator: str) -> Tensor:

@@ -168,7 +168,7 @@ def rewards_of(cfg: Config, pool: PromptPool, prompts: list[int], samples) -> tu
 
     A scored grader's score (math_dapo: ±1) is the reward, else train.reward_correct /
     reward_incorrect; DAPO's overlong penalty is added once, to the reward only."""
-    from stages.core.reward.grading import grade_many
+    from stages.core.reward.registry import grade_many
 
     t = cfg.train
     by_grader: dict[str, list[int]] = {}

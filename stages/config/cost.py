@@ -1,0 +1,67 @@
+"""The `cost` section: the cost plan's assumptions (python -m stages.plan --cost; stages.cost)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from .base import Name, Strict
+
+
+class CostRates(Strict):
+    """A model size's changes to the cost plan's assumptions; an unset field keeps `cost`'s."""
+
+    generation_tokens_per_s: float | None = Field(None, gt=0, description="this size's cost.generation_tokens_per_s")
+    train_mfu: float | None = Field(None, gt=0, le=1, description="this size's cost.train_mfu")
+    response_tokens: int | None = Field(None, gt=0, description="this size's cost.response_tokens")
+    eval_response_tokens: int | None = Field(None, gt=0, description="this size's cost.eval_response_tokens")
+    generation_batches: float | None = Field(None, ge=1, description="this size's cost.generation_batches")
+
+
+class Cost(Strict):
+    """What the cost plan assumes where nothing is counted yet: lengths, throughputs and fixed
+    times. Every value is an assumption until a GPU run calibrates it from its metrics.parquet
+    (response_length_mean, generation_batches, tokens_per_second, time_s). Read only by the cost
+    plan and the training rule's retries: no job's results depend on it."""
+
+    gpu_tflops: float = Field(
+        989.0, gt=0, description="peak dense bf16 tensor throughput of one GPU, TFLOP/s (H100 and "
+        "H200 SXM: 989 by NVIDIA's datasheets, 1,979 being with sparsity; A100: 312)")
+    train_mfu: float = Field(
+        0.3, gt=0, le=1, description="share of gpu_tflops that the trainer's forwards and "
+        "backwards reach, counted on unpadded tokens with every executed FLOP (the recomputation "
+        "of gradient checkpointing included), so padding, ZeRO and sequence-parallel "
+        "communication lower it; also the scoring passes' and the token-statistics stage's")
+    generation_tokens_per_s: float = Field(
+        2000.0, gt=0, description="tokens one GPU's share of a vLLM engine generates per second, "
+        "in the training job's colocated engine and the rollout and evaluation jobs alike")
+    prompt_tokens: int = Field(200, gt=0, description="mean prompt length, tokens")
+    response_tokens: int = Field(
+        1000, gt=0, description="mean generated tokens of a training or base-model rollout "
+        "response (capped at each job's limit)")
+    eval_response_tokens: int | None = Field(
+        None, gt=0, description="mean generated tokens of an evaluation sample, capped at the "
+        "evaluation's limit (None: response_tokens)")
+    generation_batches: float = Field(
+        1.0, ge=1, description="dynamic sampling: mean generation batches per rollout step "
+        "(verl's num_gen_batches; at most train.max_sampling_rounds)")
+    step_overhead_s: float = Field(
+        60.0, ge=0, description="seconds of every rollout step beside generation and the "
+        "forwards: grading, the optimizer steps, the weights' reload into vLLM, sleep and wake")
+    startup_minutes: float = Field(
+        10.0, ge=0, description="minutes each job and each resubmitted training spends before "
+        "its first step or sample: loading the model and its state, starting vLLM")
+    problems: dict[Name, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict, description="benchmark -> its number of problems, where the plan's "
+        "table of known sources (stages.cost.KNOWN_PROBLEMS) lacks it")
+    sizes: dict[Name, CostRates] = Field(
+        default_factory=dict, description="model size -> changes to the throughputs and lengths")
+
+    def of(self, size: str) -> Cost:
+        """These assumptions with one size's changes applied."""
+        changes = self.sizes[size].model_dump(exclude_none=True) if size in self.sizes else {}
+        return self.model_copy(update=changes) if changes else self
+
+    def eval_tokens(self) -> int:
+        return self.eval_response_tokens or self.response_tokens
