@@ -209,7 +209,8 @@ def jensen_shannon(p: Tensor, q: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # Logit sources: where the blocks of scaled logits come from.
 # ---------------------------------------------------------------------------------------------
-def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """The dtype of every reduction: float64 when an input is float64, float32 otherwise."""
     if any(t is not None and t.dtype == torch.float64 for t in tensors):
         return torch.float64
     return torch.float32
@@ -243,7 +244,7 @@ class _Source:
         if chunk_positions < 1 or chunk_vocab < 1:
             raise ValueError("chunk_positions and chunk_vocab must be ≥ 1")
         self.shape = hidden.shape[:-1]  # (...) the position shape
-        self.dtype = _compute_dtype(hidden, head_weight, head_bias)
+        self.dtype = compute_dtype(hidden, head_weight, head_bias)
         self.device = hidden.device if head_weight is None else head_weight.device
         flat = hidden.reshape(-1, hidden.shape[-1])  # (N, D) or (N, V)
         if mask is None:
@@ -645,7 +646,7 @@ def group_step_jsd(
     With keys = (group, step) this is ICT's uniqueness u_{i,t} = JSD(p_{i,t} ‖ P̄_t) (METHODS §3);
     with keys = the response, resp. the group, it is the response-mean, resp. group-pooled
     reading of the reference, and with leave_out=True the group-step reading that leaves the
-    response out (stages.core.statistics.scorer.DEVIATIONS composes the keys of each).
+    response out (stages.core.statistics.deviations.DEVIATIONS composes the keys of each).
 
     p = softmax(z / T) over the full vocabulary, z from hidden (..., D) × head_weight (V, D)
     [+ head_bias (V,)], or hidden read as materialised logits (..., V) when head_weight is None.
