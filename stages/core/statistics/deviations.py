@@ -13,12 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stages.core.statistics.stats import (
-    CHUNK_POSITIONS,
-    CHUNK_VOCAB,
-    group_step_reference,
-    mean_without,
-)
+from stages.core.statistics.blocks import CHUNK_POSITIONS, CHUNK_VOCAB
+from stages.core.statistics.uniqueness import group_step_reference, mean_without
 
 
 def group_step_keys(groups: Sequence[int], lengths: Sequence[int]) -> Tensor:

@@ -5,7 +5,7 @@ agree bit for bit where they should:
 
 - the trunk (the model without its LM head) gives hidden states in the model's dtype (bf16 on
   GPUs); the head is never run in that dtype: blocks of logits are computed from the hidden
-  states and head weight cast to float32 (stats._Source), and every reduction over the
+  states and head weight cast to float32 (blocks.LogitSource), and every reduction over the
   vocabulary is float32 (float64 for float64 models);
 - :func:`head_logprob` is the head *with* gradient: a custom autograd function whose forward is
   the statistics' own chunked code and whose backward recomputes each chunk of logits, so peak
@@ -39,6 +39,7 @@ from torch import Tensor
 
 from stages.core.models.policy import as_policy
 from stages.core.statistics.batching import RankMax, forward_plan, micro_batches  # noqa: F401  (the trainer imports them here)
+from stages.core.statistics.blocks import CHUNK_POSITIONS, CHUNK_VOCAB, compute_dtype
 from stages.core.statistics.deviations import (  # noqa: F401  (users import them here)
     DEVIATIONS,
     deviation,
@@ -49,15 +50,8 @@ from stages.core.statistics.deviations import (  # noqa: F401  (users import the
     self_weight,
     without_response,
 )
+from stages.core.statistics.per_token import chunked_token_statistics, distribution_sum, jsd_to_mean
 from stages.core.statistics.scoring import pack_batch
-from stages.core.statistics.stats import (
-    CHUNK_POSITIONS,
-    CHUNK_VOCAB,
-    chunked_token_statistics,
-    compute_dtype,
-    distribution_sum,
-    jsd_to_mean,
-)
 
 AllReduce = Callable[[Tensor], Tensor]
 """Sums a tensor over the ranks that share a scope (None: one process)."""
@@ -199,7 +193,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             acc_b = torch.zeros(c1 - c0, dtype=dtype, device=w.device) if grad_b is not None else None
             for a in range(0, n, cp):
                 e = min(a + cp, n)
-                z = torch.matmul(h[a:e] * inv_t, w.T)  # (m, v), as stats._Source.block
+                z = torch.matmul(h[a:e] * inv_t, w.T)  # (m, v), as blocks.LogitSource.block
                 if b is not None:
                     z += b * inv_t
                 dz = z.sub_(lse[a:e, None]).exp_().neg_()  # −p

@@ -28,7 +28,7 @@ from torch import Tensor
 from stages.core.common.progress import progress
 from stages.core.statistics.batching import micro_batches
 from stages.core.statistics.deviations import DEVIATIONS, deviation_reference, reference_key
-from stages.core.statistics.stats import chunked_token_statistics, distribution_sum, jsd_to_mean
+from stages.core.statistics.per_token import chunked_token_statistics, distribution_sum, jsd_to_mean
 
 BATCH_SEQUENCES = 32
 """response_hidden: at most this many sequences per forward."""
