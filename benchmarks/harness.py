@@ -65,7 +65,7 @@ def chunked_matmul(hidden: torch.Tensor, weight: torch.Tensor, chunk_positions: 
                    chunk_vocab: int, temperature: float = 1.0) -> None:
     """The logits (h / T) · W^T of every row, formed block by block (chunk_positions ×
     chunk_vocab, in the compute dtype: float32, float64 for float64 inputs, into one reused
-    buffer, as stats._Source.block forms them) and nothing else.
+    buffer, as blocks.LogitSource.block forms them) and nothing else.
 
     Every chunked kernel of stages.core.statistics.stats forms these blocks once per pass over the
     vocabulary, so this is their physical limit on a CPU: a kernel's time over this one is its

@@ -19,18 +19,18 @@ from hypothesis.extra.numpy import arrays
 from scipy.spatial.distance import jensenshannon
 from scipy.special import softmax
 
+from stages.core.statistics.blocks import LogitSource
 from stages.core.statistics.scorer import DEVIATIONS, deviation, deviation_keys, self_weight
 from stages.core.statistics.stats import (
     LN2,
     REFERENCE_FIELDS,
-    _key_blocks,
-    _Source,
     at_ceiling,
     chunked_token_statistics,
     group_step_jsd,
     group_step_reference,
     jsd_ceiling,
 )
+from stages.core.statistics.uniqueness import _key_blocks
 from stages.launch import free_port
 
 G, WIDTH, V, D = 3, 7, 13, 5
@@ -512,13 +512,13 @@ def test_memory_stays_within_a_block_for_keys_larger_than_a_block(name, monkeypa
     """A key of many positions (a whole group as one key) never makes a buffer of more than
     chunk_positions × chunk_vocab: p is formed for at most chunk_positions rows at a time."""
     asked = []
-    original = _Source.buffers
+    original = LogitSource.buffers
 
     def buffers(self, n, v):
         asked.append((n, v))
         return original(self, n, v)
 
-    monkeypatch.setattr(_Source, "buffers", buffers)
+    monkeypatch.setattr(LogitSource, "buffers", buffers)
     lengths = [40, 33, 29, 40]  # one group of 142 positions, responses of up to 40
     mask, keys, leave_out = reading_layout(name, lengths, 40, 4)
     logits = torch.randn(*mask.shape, 11, generator=torch.Generator().manual_seed(17),

@@ -19,10 +19,10 @@ from stages.core.common.io import provenance, read_parquet, write_parquet
 from stages.core.data.problems import generate_arithmetic
 from stages.core.models.backends import SamplingSettings, generate
 from stages.core.models.modeling import load_model_and_tokenizer
+from stages.core.statistics.blocks import LogitSource
 from stages.core.statistics.scorer import DEVIATIONS, deviation_reference, reference_key
 from stages.core.statistics.scoring import pack, response_hidden, stream_statistics, trunk_and_head
 from stages.core.statistics.stats import (
-    _Source,
     chunked_token_statistics,
     group_step_jsd,
     token_statistics,
@@ -656,7 +656,7 @@ def test_cpu_hidden_with_a_cpu_head_equals_its_logits_blocks():
     hidden, w, b = torch.randn(3, 5, 16), torch.randn(40, 16), torch.randn(40)
     ids, mask = torch.randint(0, 40, (3, 5)), torch.rand(3, 5) > 0.2
     t, cv = 0.7, 16
-    src = _Source(hidden, w, t, mask, b, chunk_positions=4, chunk_vocab=cv)
+    src = LogitSource(hidden, w, t, mask, b, chunk_positions=4, chunk_vocab=cv)
     assert src.data.data_ptr() == hidden.data_ptr() and src.data.dtype == hidden.dtype
     assert src.device == w.device
     # one position chunk, so that both paths run the same matmuls

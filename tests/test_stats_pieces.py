@@ -1,6 +1,7 @@
-"""The piecewise kernels of stages.core.statistics.stats (each block's rows visited in cache-sized pieces; ICT's
-u with one log per vocabulary entry) against a straightforward float64 recomputation on awkward
-inputs, and their float64 sums bit for bit as index_add_ forms them (METHODS §2–§3)."""
+"""The piecewise kernels of stages.core.statistics.stats (in its blocks and uniqueness modules:
+each block's rows visited in cache-sized pieces; ICT's u with one log per vocabulary entry)
+against a straightforward float64 recomputation on awkward inputs, and their float64 sums bit
+for bit as index_add_ forms them (METHODS §2–§3)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from stages.core.statistics import stats
+from stages.core.statistics import blocks
+from stages.core.statistics.blocks import row_pieces
 from stages.core.statistics.stats import (
     LN2,
     REFERENCE_FIELDS,
-    _key_pieces,
-    _Piece,
-    _row_pieces,
     group_step_reference,
     jensen_shannon,
     token_statistics,
 )
+from stages.core.statistics.uniqueness import _key_pieces, _Piece
 from tests.test_group_jsd import reference
 from tests.test_group_reference import reference_values
 
@@ -60,7 +60,7 @@ def keys_of(reading: str) -> torch.Tensor:
     return group.contiguous()
 
 
-PIECES = {"default": stats.PIECE_BYTES, "tiny": 64}  # 64 bytes: pieces of two rows of 7 floats
+PIECES = {"default": blocks.PIECE_BYTES, "tiny": 64}  # 64 bytes: pieces of two rows of 7 floats
 CHUNKS = [(4, 7), (3, 40), (1024, 32768)]  # chunk_positions 3 and 4: keys larger than a block
 
 
@@ -79,12 +79,12 @@ def test_pieces_equal_a_float64_recomputation(monkeypatch, reading, leave_out, d
     exact = z.double()  # the same inputs, computed in float64
     u_ref = reference(exact.nan_to_num(0.0), keys, mask, 0.8, leave_out)
     fields_ref = reference_values(exact.nan_to_num(0.0), keys, mask, ids, 0.8, leave_out)
-    # float32: u to ~eps·(H(p) + H(q)) (_jsd_block), p to ~eps·|z − logsumexp| relative
+    # float32: u to ~eps·(H(p) + H(q)) (blocks.jsd_block), p to ~eps·|z − logsumexp| relative
     atol, rtol = (1e-12, 1e-12) if dtype == torch.float64 else (2e-6, 5e-6)
     agree = (mask & (torch.tensor(GROUPS)[:, None] == 0)) if reading == "step" else None
     fields_by_pieces = {}
     for piece_name, piece_bytes in PIECES.items():
-        monkeypatch.setattr(stats, "PIECE_BYTES", piece_bytes)
+        monkeypatch.setattr(blocks, "PIECE_BYTES", piece_bytes)
         for cp, cv in CHUNKS:
             out = group_step_reference(z, None, keys, 0.8, mask, token_ids=ids, leave_out=leave_out,
                                        chunk_positions=cp, chunk_vocab=cv)
@@ -110,7 +110,7 @@ def test_pieces_equal_a_float64_recomputation(monkeypatch, reading, leave_out, d
 def test_bf16_head_equals_a_float64_recomputation(monkeypatch, leave_out):
     """bf16 hidden states and head (the CPU's paper-scale dtype), reduced in float32 piece by
     piece, against float64 of the same bf16 values."""
-    monkeypatch.setattr(stats, "PIECE_BYTES", 200)
+    monkeypatch.setattr(blocks, "PIECE_BYTES", 200)
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(B, T, 16, generator=g).to(torch.bfloat16)
     weight = (0.7 * torch.randn(V, 16, generator=g)).to(torch.bfloat16)
@@ -132,7 +132,7 @@ def test_bf16_head_equals_a_float64_recomputation(monkeypatch, leave_out):
 def test_key_sums_are_index_add_bit_for_bit(monkeypatch, piece_bytes):
     """key_sum is the float64 sum of p over the key's rows in row order, the bits index_add_
     gives: keys of 1 to 40 rows, split over pieces at 96 bytes a piece."""
-    monkeypatch.setattr(stats, "PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(blocks, "PIECE_BYTES", piece_bytes)
     counts = [1, 2, 3, 8, 16, 17, 40, 1]
     g = torch.Generator().manual_seed(4)
     keys = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))  # (N,) sorted
@@ -149,12 +149,12 @@ def test_key_sums_are_index_add_bit_for_bit(monkeypatch, piece_bytes):
 
 def test_row_pieces_never_leave_a_single_row():
     """A tensor of one row is summed by torch in two halves: no piece of one row but a block's."""
-    assert _row_pieces(5, 2) == [(0, 2), (2, 5)]
-    assert _row_pieces(17, 16) == [(0, 17)]
-    assert _row_pieces(32, 16) == [(0, 16), (16, 32)]
-    assert _row_pieces(1, 16) == [(0, 1)]
-    assert _row_pieces(7, 1) == [(0, 2), (2, 4), (4, 7)]
-    assert _row_pieces(0, 4) == []
+    assert row_pieces(5, 2) == [(0, 2), (2, 5)]
+    assert row_pieces(17, 16) == [(0, 17)]
+    assert row_pieces(32, 16) == [(0, 16), (16, 32)]
+    assert row_pieces(1, 16) == [(0, 1)]
+    assert row_pieces(7, 1) == [(0, 2), (2, 4), (4, 7)]
+    assert row_pieces(0, 4) == []
 
 
 def test_key_pieces_by_hand():

@@ -5,7 +5,7 @@ agree bit for bit where they should:
 
 - the trunk (the model without its LM head) gives hidden states in the model's dtype (bf16 on
   GPUs); the head is never run in that dtype: blocks of logits are computed from the hidden
-  states and head weight cast to float32 (stats._Source), and every reduction over the
+  states and head weight cast to float32 (blocks.LogitSource), and every reduction over the
   vocabulary is float32 (float64 for float64 models);
 - :func:`head_logprob` is the head *with* gradient: a custom autograd function whose forward is
   the statistics' own chunked code and whose backward recomputes each chunk of logits, so peak
@@ -23,11 +23,15 @@ tensors run over its response tokens in (sequence, position) order.
 row; with sequence parallelism this rank's slice of the positions) and says which response tokens
 this rank's positions predict; :func:`sp_assemble` gathers per-token values (or hidden states)
 of a sequence-parallel group into the whole micro-batch's.
+
+The deviations' references and their readings (DEVIATIONS, deviation, without_response, ...) live
+in stages.core.statistics.deviations, which scoring.stream_statistics shares; they are imported
+here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,17 +39,19 @@ from torch import Tensor
 
 from stages.core.models.policy import as_policy
 from stages.core.statistics.batching import RankMax, forward_plan, micro_batches  # noqa: F401  (the trainer imports them here)
-from stages.core.statistics.scoring import pack_batch
-from stages.core.statistics.stats import (
-    CHUNK_POSITIONS,
-    CHUNK_VOCAB,
-    _compute_dtype,
-    chunked_token_statistics,
-    distribution_sum,
-    group_step_reference,
-    jsd_to_mean,
-    mean_without,
+from stages.core.statistics.blocks import CHUNK_POSITIONS, CHUNK_VOCAB, compute_dtype
+from stages.core.statistics.deviations import (  # noqa: F401  (users import them here)
+    DEVIATIONS,
+    deviation,
+    deviation_keys,
+    deviation_reference,
+    group_step_keys,
+    reference_key,
+    self_weight,
+    without_response,
 )
+from stages.core.statistics.per_token import chunked_token_statistics, distribution_sum, jsd_to_mean
+from stages.core.statistics.scoring import pack_batch
 
 AllReduce = Callable[[Tensor], Tensor]
 """Sums a tensor over the ranks that share a scope (None: one process)."""
@@ -169,7 +175,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
     def backward(ctx, grad_out):
         hidden, weight, bias, ids, lse = ctx.saved_tensors
         temperature, cp, cv = ctx.config
-        dtype = _compute_dtype(hidden, weight, bias)
+        dtype = compute_dtype(hidden, weight, bias)
         n, vocab = hidden.shape[0], weight.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         g = grad_out.to(dtype) / temperature  # (n,)
@@ -187,7 +193,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             acc_b = torch.zeros(c1 - c0, dtype=dtype, device=w.device) if grad_b is not None else None
             for a in range(0, n, cp):
                 e = min(a + cp, n)
-                z = torch.matmul(h[a:e] * inv_t, w.T)  # (m, v), as stats._Source.block
+                z = torch.matmul(h[a:e] * inv_t, w.T)  # (m, v), as blocks.LogitSource.block
                 if b is not None:
                     z += b * inv_t
                 dz = z.sub_(lse[a:e, None]).exp_().neg_()  # −p
@@ -218,7 +224,7 @@ def head_logprob(head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, tempe
     without a graph, so a reference or old log-prob of the same rows matches bit for bit."""
     ids = token_ids.long().to(hidden.device)
     if hidden.shape[0] == 0:
-        dtype = _compute_dtype(hidden, head.weight)
+        dtype = compute_dtype(hidden, head.weight)
         return (hidden.sum() * 0 + head.weight.sum() * 0).to(dtype).reshape(1)[:0]
     return _ChunkedHeadLogprob.apply(hidden, head.weight, head.bias, ids, temperature,
                                      chunks.positions, chunks.vocab)
@@ -249,101 +255,6 @@ class Scope:
 
     def token_ids(self) -> Tensor:
         return torch.tensor([t for r in self.response_ids for t in r], dtype=torch.long)
-
-
-def group_step_keys(groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
-    """(N,) key of each response token: its group and its step, group-major (groups need not be
-    consecutive; keys only need to be equal for the same (group, step))."""
-    width = max(lengths) if lengths else 0
-    return torch.tensor([g * width + t for g, n in zip(groups, lengths, strict=True)
-                         for t in range(n)], dtype=torch.long)
-
-
-DEVIATIONS: dict[str, tuple[str, bool]] = {
-    "group_jsd": ("group_step", False),
-    "response_mean_jsd": ("response", False),
-    "group_pooled_jsd": ("group", False),
-    "group_loo_jsd": ("group_step", True),
-}
-"""u_i = JSD(p_i ‖ reference) by statistic (METHODS §3): the positions that share a reference
-(their key: the group and step, the response, or the group) and whether position i is left out of
-its own. group_jsd is ICT's rule; the other three are the readings the summaries leave open
-(ours, never called ICT): the response's own sequence average, the group's average pooled over
-all its positions, the group-step mean of the other responses."""
-
-
-def deviation_keys(name: str, groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
-    """(N,) key of each response token for the reference of statistic `name` (DEVIATIONS)."""
-    kind, _ = DEVIATIONS[name]
-    if kind == "group_step":
-        return group_step_keys(groups, lengths)
-    per_response = torch.arange(len(lengths)) if kind == "response" else torch.as_tensor(groups)
-    return per_response.long().repeat_interleave(torch.as_tensor(lengths, dtype=torch.long))
-
-
-def self_weight(name: str, groups: Sequence[int], lengths: Sequence[int]) -> Tensor:
-    """(N,) float64: the weight w of p_i itself in its reference mixture for statistic `name`,
-    1 / (positions sharing its key), 0 when it is left out; c(w) (stats.jsd_ceiling) bounds u."""
-    keys = deviation_keys(name, groups, lengths)
-    if DEVIATIONS[name][1]:
-        return torch.zeros(keys.numel(), dtype=torch.float64)
-    _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
-    return 1.0 / counts[inverse].double()
-
-
-def deviation(name: str, hidden: Tensor, head_weight: Tensor | None, groups: Sequence[int],
-              lengths: Sequence[int], temperature: float, *, head_bias: Tensor | None = None,
-              logsumexp: Tensor | None = None, chunk_positions: int = CHUNK_POSITIONS,
-              chunk_vocab: int = CHUNK_VOCAB) -> Tensor:
-    """Statistic `name` of DEVIATIONS (N,) in nats for the flat response tokens hidden (N, D) (or
-    logits (N, V) with head_weight None) of responses of `lengths` in `groups`."""
-    return deviation_reference(name, hidden, head_weight, groups, lengths, temperature,
-                               head_bias=head_bias, logsumexp=logsumexp,
-                               chunk_positions=chunk_positions, chunk_vocab=chunk_vocab)["u"]
-
-
-def deviation_reference(name: str, hidden: Tensor, head_weight: Tensor | None,
-                        groups: Sequence[int], lengths: Sequence[int], temperature: float, *,
-                        token_ids: Tensor | None = None, head_bias: Tensor | None = None,
-                        logsumexp: Tensor | None = None, chunk_positions: int = CHUNK_POSITIONS,
-                        chunk_vocab: int = CHUNK_VOCAB) -> dict[str, Tensor]:
-    """:func:`deviation` as ``u`` and, with token_ids (N,), its reference's probability of each
-    token and β, float64 (stats.REFERENCE_FIELDS), from the same pass over the vocabulary."""
-    keys = deviation_keys(name, groups, lengths)
-    return group_step_reference(hidden, head_weight, keys, temperature, head_bias=head_bias,
-                                logsumexp=logsumexp, token_ids=token_ids,
-                                leave_out=DEVIATIONS[name][1], chunk_positions=chunk_positions,
-                                chunk_vocab=chunk_vocab)
-
-
-def reference_key(name: str, field: str) -> str:
-    """The key of a deviation's reference field (stats.REFERENCE_FIELDS) among per-token values."""
-    return f"{name}/{field}"
-
-
-def without_response(name: str, refs: dict[str, dict[str, Tensor]]) -> Tensor:
-    """(N,) float64: the reference of statistic `name` (DEVIATIONS) at each token's own token,
-    P̄(y), with the token's whole response left out of the mean (stats.mean_without, ours).
-
-    refs: REFERENCE_FIELDS (N,) by statistic. At a step (group_jsd, group_loo_jsd) the response is
-    the row itself: the mean of the other active responses at the step (group_loo_jsd's own
-    reference; NaN where the response is alone). The response's own mean (response_mean_jsd)
-    leaves nothing: NaN. The group's pooled mean (group_pooled_jsd) leaves out the response's
-    positions, whose sum at each token is the response-mean reference's key_sum, so refs must
-    hold response_mean_jsd as well."""
-    kind, _ = DEVIATIONS[name]
-    ref = refs[name]
-    if kind == "group_step":
-        part, part_count = ref["own"], 1.0
-    elif kind == "response":
-        part, part_count = ref["key_sum"], ref["count"]
-    else:
-        mine = refs.get("response_mean_jsd")
-        if mine is None:
-            raise ValueError(f"{name}: leaving the response out of the group's pooled mean needs "
-                             "the response-mean reference's sums (response_mean_jsd)")
-        part, part_count = mine["key_sum"], mine["count"]
-    return mean_without(ref["key_sum"], ref["count"], part, part_count)
 
 
 def _scope_deviations(head: torch.nn.Module, hv: Tensor, lse: Tensor, *, scope: Scope,

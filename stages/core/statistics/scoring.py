@@ -27,7 +27,8 @@ from torch import Tensor
 
 from stages.core.common.progress import progress
 from stages.core.statistics.batching import micro_batches
-from stages.core.statistics.stats import chunked_token_statistics, distribution_sum, jsd_to_mean
+from stages.core.statistics.deviations import DEVIATIONS, deviation_reference, reference_key
+from stages.core.statistics.per_token import chunked_token_statistics, distribution_sum, jsd_to_mean
 
 BATCH_SEQUENCES = 32
 """response_hidden: at most this many sequences per forward."""
@@ -160,10 +161,10 @@ def stream_statistics(model, prompts, responses, groups: Sequence[Hashable], pad
                       desc: str | None = None) -> dict[str, Tensor]:
     """Per-token statistics (N,) of every response token, in (sequence, position) order, on the
     CPU in the compute dtype (float32; float64 for a float64 model): always STAT_KEYS; ``jsd``
-    (to the mean distribution of the whole file) and the deviations of scorer.DEVIATIONS
+    (to the mean distribution of the whole file) and the deviations of deviations.DEVIATIONS
     (group_jsd: ICT's u, and the readings) that `needs` names; with `references`, beside each
     deviation its reference's probability of the token and β (stats.REFERENCE_FIELDS, float64,
-    under scorer.reference_key(name, field)), from the deviation's own pass.
+    under deviations.reference_key(name, field)), from the deviation's own pass.
 
     groups (B,): the group of each sequence (any hashable, e.g. the problem id). The groups are
     visited one at a time, in order of first appearance: the trunk gives the group's hidden states
@@ -172,12 +173,6 @@ def stream_statistics(model, prompts, responses, groups: Sequence[Hashable], pad
     file's p̄: the first pass adds up Σ p (V,) in float64 (float32 within a block of
     chunk_positions rows, as stats.distribution_sum), a second pass recomputes each group's
     hidden states for JSD(p ‖ p̄); without ``jsd`` there is one pass."""
-    from stages.core.statistics.scorer import (  # scorer imports this module
-        DEVIATIONS,
-        deviation_reference,
-        reference_key,
-    )
-
     _, weight, bias = trunk_and_head(model)
     chunks = {"chunk_positions": chunk_positions, "chunk_vocab": chunk_vocab}
     forcing = {"batch_size": batch_size, "batch_tokens": batch_tokens}
