@@ -20,7 +20,7 @@ token, max probability, logsumexp) from hidden states (N, 896) and a random LM h
 
 The second table is ICT's uniqueness u (:func:`stages.core.statistics.stats.group_step_jsd`, without a
 precomputed logsumexp, so two passes over the vocabulary: the logsumexp, then the per-key sums
-and the divergences, over logits formed once and kept between them, stats.CACHE_BLOCKS) and the
+and the divergences, over logits formed once and kept between them, statistics.blocks.CACHE_BLOCKS) and the
 token statistics (H, H2, log p: one pass), on one group of --group-responses responses ×
 --group-steps steps (keys = the step, every response active at every step), against the chunked
 matmul alone, all three in one fresh process and in turn, --repeats rounds. Both run the matmul
