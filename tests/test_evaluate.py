@@ -93,6 +93,7 @@ def evaluate(d, cfg, out, method="base", bench="arith-easy", model=None):
                      "--data", str(d / "problems.parquet"), "--out-dir", str(out))
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_stage_writes_consistent_samples_and_metrics(stage):
     d, cfg = stage
     out = d / "eval" / "size=tiny-s" / "method=base" / "seed=0" / "bench=arith-easy"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 
 from stages.core.common.io import read_provenance
 from stages.core.data.problems import PROBLEM_SCHEMA
 from tests.conftest import run_stage, write_yaml
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_generated_dataset(tmp_path, test_raw):
     cfg = write_yaml(tmp_path / "c.yaml", test_raw)
     out = tmp_path / "data" / "dataset=rl" / "problems.parquet"
@@ -62,6 +64,7 @@ def test_malformed_record_names_file_and_line_and_writes_nothing(tmp_path, test_
     assert not out.parent.exists() or not any(out.parent.iterdir())  # no temporary left
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_unknown_dataset_and_missing_file(tmp_path, test_raw):
     test_raw["datasets"]["gone"] = {"role": "benchmark", "template": "arith",
                                     "source": {"kind": "local", "path": str(tmp_path / "x.jsonl"),

@@ -419,6 +419,7 @@ def test_ratio_rows_of_the_paper_controls(default_raw):
         assert row[3:-3] == ["—"] * (len(row) - 6)
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_no_ablation_methods_no_ablation_table(tmp_path, default_raw):
     cfg, args = build(tmp_path, config(default_raw, ablations=False))
     main(args, cfg)

@@ -701,6 +701,7 @@ def test_config_errors_name_the_key(job):
             validate(bad, "bad.yaml")
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_first_on_policy_ratio_is_one_and_kl_zero(job, dtype):
     """Step 0 of a run with a KL term: the policy is the sampling policy and the reference, so

@@ -36,6 +36,7 @@ def job_counts(stdout: str) -> dict[str, int]:
 ACCEPTED_LINTS = {"Specify a conda environment or container for each rule."}
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_lint_is_clean_but_for_the_environment_lint():
     proc = snakemake("--lint", cwd=ROOT)
     out = proc.stdout + proc.stderr
@@ -44,6 +45,7 @@ def test_lint_is_clean_but_for_the_environment_lint():
     assert titles <= ACCEPTED_LINTS, out
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_dry_run_default(tmp_path):
     proc = snakemake("-n", "--configfile", str(ROOT / "config" / "config.yaml"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -188,6 +190,7 @@ def dry_run_runtimes(stdout: str) -> dict[str, set[int]]:
     return out
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_the_limit_is_each_partitions_maxtime_from_scontrol(tmp_path, test_raw, monkeypatch):
     # a stand-in scontrol: GPU jobs go to `gpu` (MaxTime 30 min), the others to `cpu` (20 min)
     bin_dir = tmp_path / "bin"
@@ -230,6 +233,7 @@ def rule_retries(config: Path, cwd: Path) -> dict:
     return eval(proc.stdout.strip().splitlines()[-1])  # a dict of names and ints or None
 
 
+@pytest.mark.slow  # a stage or Snakemake in a subprocess: the full tier
 def test_the_training_rule_retries_as_often_as_the_cost_plan_counts(tmp_path, test_raw):
     from stages.config import validate
     from stages.cost import train_retries
