@@ -645,7 +645,9 @@ def kill_attempts(wd: Path, proc: subprocess.Popen, target: str, kills: list[dic
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:  # it already went on, saved and exited
             pass
-        while running_job(wd) is not None and proc.poll() is None:
+        # this job, not any job of wd: the retry's job may already run (and, finishing the last
+        # steps, remove the resume folder) before a poll sees the folder without a running job
+        while (now := running_job(wd)) is not None and now[0] == jobid and proc.poll() is None:
             time.sleep(0.2)
         step = json.loads(state.read_text())["step"] if state.exists() else 0
         kills.append({"jobid": jobid, "time_limit_minutes": minutes, "step": step,
