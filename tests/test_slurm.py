@@ -948,3 +948,32 @@ def test_resource_mistakes_name_the_key(test_raw, edit, expect):
     with pytest.raises(ConfigError) as info:
         validate(test_raw, "t.yaml")
     assert f"t.yaml: {expect}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (lambda r: r["train"].update(save_before_limit_minutes=10),
+         "train.save_before_limit_minutes: 10 minutes before the time limit is not within the "
+         "tiny-s/grpo training job's walltime (resources.train.runtime: 10 minutes)"),
+        (lambda r: r["resources"]["train"].update(sizes={"tiny-s": {"runtime": 1}}),
+         "train.save_before_limit_minutes: 1 minutes before the time limit is not within the "
+         "tiny-s/grpo training job's walltime (resources.train.sizes.tiny-s.runtime: 1 minutes)"),
+        (lambda r: r["methods"]["ict"].update(train={"save_before_limit_minutes": 30}),
+         "methods.ict.train.save_before_limit_minutes: 30 minutes before the time limit is not "
+         "within the tiny-s/ict training job's walltime (resources.train.runtime: 10 minutes)"),
+        (lambda r: r["resources"].update(max_runtime=1),
+         "train.save_before_limit_minutes: 1 minutes before the time limit is not within the "
+         "tiny-s/grpo training job's walltime (resources.max_runtime: 1 minutes)"),
+    ],
+)
+def test_the_save_signal_comes_within_the_training_jobs_walltime(test_raw, edit, expect):
+    # a lead of the whole walltime would have SLURM signal each attempt at its start
+    validate(test_raw, "t.yaml")  # the test config's 1 minute of 10
+    edit(test_raw)
+    with pytest.raises(ConfigError) as info:
+        validate(test_raw, "t.yaml")
+    assert f"t.yaml: {expect}" in str(info.value)
+    test_raw["train"]["save_before_limit_minutes"] = None  # no signal asked: nothing to check
+    test_raw["methods"]["ict"].pop("train", None)
+    validate(test_raw, "t.yaml")

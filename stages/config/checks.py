@@ -97,6 +97,7 @@ def references_resolve(cfg: Config) -> None:
                 _check_virtual(size, cfg.models[size], job, f"methods.{name}.train"
                                if "virtual_layout" in cfg.methods[name].train else "train")
             _check_overlong(cfg, job, "train" if job is cfg.train else f"methods.{name}.train")
+            _check_save_signal(cfg, size, name, job)
     for i, name in enumerate(cfg.evaluate.curve_benchmarks or []):
         if name not in exp.benchmarks:
             raise RefError(f"evaluate.curve_benchmarks.{i}", f"{name!r} is not in experiment.benchmarks")
@@ -198,6 +199,32 @@ def _check_overlong(cfg: Config, train: Train, where: str) -> None:
         if limit is not None and train.overlong_buffer >= limit:
             raise RefError(f"{where}.overlong_buffer", f"{train.overlong_buffer} is not shorter than "
                            f"datasets.{name}.max_response_tokens ({limit})")
+
+
+def _check_save_signal(cfg: Config, size: str, method: str, train: Train) -> None:
+    """SLURM's save signal comes before the training job's time limit, not at its start: with a
+    lead of the whole walltime or more, slurmctld signals the job at its first check (every 30 s)
+    and each attempt saves after a step and asks to be resubmitted."""
+    lead = train.save_before_limit_minutes
+    if lead is None:
+        return
+    res = cfg.resources
+    limit, limit_key = res.of("train", size).runtime, (
+        f"resources.train.sizes.{size}.runtime"
+        if res.train.sizes.get(size) and res.train.sizes[size].runtime is not None
+        else "resources.train.runtime")
+    if res.max_runtime is not None and res.max_runtime < limit:
+        limit, limit_key = res.max_runtime, "resources.max_runtime"
+    if lead < limit:
+        return
+    where = next((w for w, section in ((f"methods.{method}.train", cfg.methods[method].train),
+                                      (f"models.{size}.train", cfg.models[size].train))
+                  if "save_before_limit_minutes" in section), "train")
+    raise RefError(f"{where}.save_before_limit_minutes",
+                   f"{lead:g} minutes before the time limit is not within the {size}/{method} "
+                   f"training job's walltime ({limit_key}: {limit} minutes): SLURM would signal "
+                   "it at its start, and every attempt would save and exit after a step. Make it "
+                   "shorter than the walltime by more than a few steps (None: no signal)")
 
 
 def _check_graders(cfg: Config) -> None:

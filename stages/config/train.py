@@ -157,7 +157,9 @@ class Train(Strict):
         10.0, gt=0, le=1092, description="SLURM: ask for SIGURG this long before the training "
         "job's time limit (sbatch --signal=URG@<seconds>); at the next step boundary the job writes "
         "a resume state and exits (status 75), and the profile's retries resubmit it to resume "
-        "there. Set it above one step's time plus a save (None: no signal)")
+        "there. Set it above one step's time plus a save and below the job's walltime "
+        "(resources.train.runtime, checked: a longer lead would signal the job at its start) "
+        "(None: no signal)")
     loggers: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="where each step's metrics go besides metrics.jsonl: "
         "tensorboard (event files in <out>/tensorboard), wandb (offline mode unless WANDB_MODE "
