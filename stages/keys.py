@@ -34,7 +34,7 @@ TRAIN_OPERATIONAL: dict[str, str] = {
                         "float rounding of the summed gradients changes (tests/test_resume.py)",
     "micro_batch_tokens": "the physical forwards, as micro_batch_size",
     "gradient_checkpointing": "recomputes activations in the backward pass: the same gradients",
-    "generation_batch_size": "the hf backend's generate() batches: each sequence has its own "
+    "generation_batch_size": "the hf backend's decode batches: each sequence has its own "
                              "seeded stream, so the samples stay as they are (the sampler's own "
                              "log-probs move by float rounding)",
 }

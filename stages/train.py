@@ -30,7 +30,7 @@ recompute the trunk's activations; the same config gives the same metrics.
 DeepSpeed runs ZeRO stage 0-3 (`train.zero_stage`) around one module, stages.core.models.policy.Policy
 (trunk and head). Under ZeRO-3 every parameter is a shard, gathered collectively in every
 forward, so every rank runs equally many forwards on every path (generation with synced_gpus and
-equally many generate() calls; scoring, the actor and the reference padded to the most
+equally many generation batches; scoring, the actor and the reference padded to the most
 micro-batches of any rank); the reference model is partitioned too (when KL is on); the vLLM
 engine receives the weights one gathered group at a time; `final/` and the checkpoints are
 gathered from the shards the same way (`train.offload_params` / `offload_optimizer`: DeepSpeed's
@@ -554,7 +554,7 @@ def main(args, cfg: Config) -> None:
         # is unset); vLLM's CPU build instead makes torch.set_num_threads a no-op from here on
         if args.threads and torch.get_num_threads() != args.threads:
             torch.set_num_threads(args.threads)
-    else:  # generate() of the engine's own module; under ZeRO-3 every rank generates in step
+    else:  # the decode loop on the engine's own module; under ZeRO-3 every rank generates in step
         sampler = HfPolicySampler(policy.lm, tokenizer, tcfg.generation_batch_size,
                                   dist=dist.job if zero3 and dist.job.world > 1 else None,
                                   stop_tokens=cfg.models[args.size].stop_tokens)

@@ -85,7 +85,7 @@ class Train(Strict):
         "hf", description="rollout backend: hf (transformers, the training module itself) or vllm "
         "(a vLLM engine in the training process, its weights reloaded after every step; GPU, or "
         "vLLM's CPU build)")
-    generation_batch_size: int = Field(64, gt=0, description="sequences per generate() call (hf backend)")
+    generation_batch_size: int = Field(64, gt=0, description="sequences per batch of the hf backend's decode loop")
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, lt=1, description="GPU memory share of the vLLM engine that shares the GPU with "
         "training (vLLM's CPU build: the share of host memory, unless engine_kwargs sets "

@@ -27,7 +27,7 @@ class SamplingSettings:
     top_p: float
     max_new_tokens: int
     seed: int
-    batch_size: int = 64  # hf only: sequences per generate() call
+    batch_size: int = 64  # hf only: sequences per batch of the decode loop
     tensor_parallel_size: int = 1  # vllm only
     batch_invariant: bool = False  # vllm only: VLLM_BATCH_INVARIANT=1 (evaluate.batch_invariant)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # vllm only: <stage>.engine_kwargs

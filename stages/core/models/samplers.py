@@ -26,11 +26,11 @@ from stages.core.models.policy import gathered_state, state_groups
 
 
 class HfPolicySampler:
-    """Sampling with transformers' generate() on the training module.
+    """Sampling with the hf backend's decode loop (generation.sample_hf) on the training module.
 
     dist (ZeRO-3 with several ranks, else None): every forward gathers parameters from all
     ranks, so the ranks generate in step (synced_gpus: a rank whose batch is done keeps running
-    forwards until every rank's is) and make equally many generate() calls (a rank with fewer
+    forwards until every rank's is) and make equally many batches (a rank with fewer
     batches generates a one-token stand-in and discards it)."""
 
     def __init__(self, model, tokenizer, batch_size: int, dist=None,
@@ -53,12 +53,12 @@ class HfPolicySampler:
     def sample(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                max_new_tokens: int | list[int], prompt_seeds: list[int],
                desc: str = "rollout") -> list[Sample]:
-        # eval mode for generate(): with gradient checkpointing, a module in train mode turns the
+        # eval mode for generation: with gradient checkpointing, a module in train mode turns the
         # KV cache off (dropout is 0 either way, so the samples do not depend on the mode)
         training = self.model.training
         self.model.eval()
         synced = self.dist is not None
-        calls = -(-len(prompts) * n // self.batch_size)  # generate() calls of sample_hf
+        calls = -(-len(prompts) * n // self.batch_size)  # batches of sample_hf
         pad = self.dist.max(calls) - calls if synced else 0  # agreed before any of them
         try:
             out = sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,

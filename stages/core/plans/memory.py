@@ -412,7 +412,7 @@ def vllm_needs(arch: Arch, w: int, tp: int, max_model_len: int) -> list[Term]:
 
 
 def hf_generation_terms(arch: Arch, w: int, sequences: int, seq_len: int) -> list[Term]:
-    """transformers generate(): the KV cache of a batch and its float32 logits."""
+    """the hf decode loop (generation.decode): the KV cache of a batch and its float32 logits."""
     return [Term("generation KV cache", sequences * seq_len * kv_bytes_per_token(arch, w),
                  f"{sequences} x {seq_len:,} tokens"),
             Term("generation logits", 2 * sequences * arch.vocab * 4, "2 x batch x V x 4")]
