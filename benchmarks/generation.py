@@ -58,6 +58,7 @@ def with_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_t
 
     from stages.core.models.generation import (
         SeededSampler,
+        left_padded,
         prompt_seed,
         sequence_seed,
         stop_token_ids,
@@ -69,11 +70,8 @@ def with_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_t
     out = []
     for start in range(0, len(jobs), batch_size):
         batch = jobs[start : start + batch_size]
-        width = max(len(ids[i]) for i, _ in batch)
-        x = torch.full((len(batch), width), stops[0])
-        att = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (i, _) in enumerate(batch):
-            x[r, width - len(ids[i]):], att[r, width - len(ids[i]):] = torch.tensor(ids[i]), 1
+        x, att = left_padded([ids[i] for i, _ in batch], stops[0])
+        width = x.shape[1]
         sampler = SeededSampler([sequence_seed(prompt_seed(0, i), j) for i, j in batch],
                                 max_new_tokens, temperature, top_p)
         rows = model.generate(input_ids=x, attention_mask=att, do_sample=False,

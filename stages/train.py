@@ -29,8 +29,8 @@ The module is in train mode (dropout must be 0, checked), so `train.gradient_che
 recompute the trunk's activations; the same config gives the same metrics.
 DeepSpeed runs ZeRO stage 0-3 (`train.zero_stage`) around one module, stages.core.models.policy.Policy
 (trunk and head). Under ZeRO-3 every parameter is a shard, gathered collectively in every
-forward, so every rank runs equally many forwards on every path (generation with synced_gpus and
-equally many generation batches; scoring, the actor and the reference padded to the most
+forward, so every rank runs equally many forwards on every path (generation in step, as
+transformers' synced_gpus, and equally many generation batches; scoring, the actor and the reference padded to the most
 micro-batches of any rank); the reference model is partitioned too (when KL is on); the vLLM
 engine receives the weights one gathered group at a time; `final/` and the checkpoints are
 gathered from the shards the same way (`train.offload_params` / `offload_optimizer`: DeepSpeed's

@@ -114,7 +114,7 @@ def test_the_decode_loop_equals_transformers_generate(dtype, temperature, top_p)
     log-probs too up to the rounding of the batch's kernels."""
     from transformers import LogitsProcessorList
 
-    from stages.core.models.generation import SeededSampler, decode, greedy
+    from stages.core.models.generation import SeededSampler, decode, greedy, left_padded
     from stages.core.models.modeling import build_scratch_model
 
     tok = build_tokenizer()
@@ -126,11 +126,8 @@ def test_the_decode_loop_equals_transformers_generate(dtype, temperature, top_p)
         model.lm_head.weight[eos] = torch.randn(32, generator=torch.Generator().manual_seed(0))
     model = model.to(dtype)
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("1+2=", "33*4=", "7", "9-8+1=")]
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), eos)
-    att = torch.zeros((len(prompts), width), dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):], att[r, width - len(p):] = torch.tensor(p), 1
+    ids, att = left_padded(prompts, eos)
+    width = ids.shape[1]
     limits = [12, 5, 12, 9]
 
     def picker():

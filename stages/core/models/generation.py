@@ -20,7 +20,7 @@ principle also move a draw that falls on a boundary between two tokens."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -151,16 +151,21 @@ def greedy(rows: torch.Tensor, step: int, logits: torch.Tensor) -> tuple[torch.T
     return logits.argmax(dim=-1), None
 
 
-def any_rank(flag: bool, device) -> bool:
-    """Whether `flag` holds on any rank of the default process group (ZeRO-3's generation)."""
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item())
+def left_padded(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (B, W), attention mask (B, W)) of token-id sequences, padded on the left with
+    `pad` to the longest, W: their generated tokens then line up on the right."""
+    width = max(map(len, seqs))
+    input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        input_ids[r, width - len(s) :] = torch.tensor(s)
+        attention[r, width - len(s) :] = 1
+    return input_ids, attention
 
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, limits: Sequence[int],
-           stops: Sequence[int], pad: int, pick, synced_gpus: bool = False
+           stops: Sequence[int], pad: int, pick, rank_max: Callable[[int], int] | None = None
            ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Generates from the left-padded batch input_ids (B, W) with its attention mask: row r draws
     until it samples one of `stops` (which it keeps) or has limits[r] tokens.
@@ -168,9 +173,10 @@ def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, limits: Sequ
     pick(rows, step, logits (b, V) float32) gives the tokens (b,) and their log-probs (b,) or
     None of the rows `rows` still generating. Each forward runs only those rows: a finished row
     leaves the batch and its KV cache. Returns (tokens (B, max limit) padded with `pad`,
-    log-probs (B, max limit) or None, each row's length). synced_gpus: a ZeRO-3 model, whose every
-    forward gathers parameters from all ranks: a rank keeps running forwards (on one finished row
-    whose output it discards) until every rank's rows are done."""
+    log-probs (B, max limit) or None, each row's length). rank_max (the maximum of an int over
+    the ranks; None: one process): a ZeRO-3 model, whose every forward gathers parameters from
+    all ranks: a rank keeps running forwards (on one finished row whose output it discards) until
+    every rank's rows are done."""
     from transformers import DynamicCache
 
     if min(limits) < 1:
@@ -193,8 +199,8 @@ def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, limits: Sequ
     step = 0
     while True:
         if live:
-            chosen, lp = pick(rows.cpu(), step, out.logits[:, -1].float())
             host = rows.cpu()
+            chosen, lp = pick(host, step, out.logits[:, -1].float())
             tokens[host, step] = chosen.cpu()
             if lp is not None:
                 logprobs = torch.zeros((B, steps)) if logprobs is None else logprobs
@@ -203,7 +209,7 @@ def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, limits: Sequ
             going = ~torch.isin(chosen, stop_ids) & (limit[rows] > step + 1)
             live = bool(going.any())
         step += 1
-        if not (any_rank(live, device) if synced_gpus else live):
+        if not (rank_max(int(live)) if rank_max is not None else live):
             break
         if live:
             keep = going.nonzero().squeeze(1)
@@ -238,7 +244,7 @@ def sample_hf(
     prompt_seeds: Sequence[int] | None = None,
     batch_size: int,
     desc: str = "sampling",
-    synced_gpus: bool = False,
+    rank_max: Callable[[int], int] | None = None,
     stop_tokens: str = "end_of_turn",
 ) -> list[Sample]:
     """`n` sampled responses for each prompt, ordered by (prompt, sample); temperature 0 is greedy.
@@ -251,9 +257,9 @@ def sample_hf(
     ends at its first stop token
     (:func:`stop_token_ids` by rule `stop_tokens`, the model's generation config at hand), which
     it keeps.
-    synced_gpus: a ZeRO-3 model, whose every forward gathers parameters from all ranks: each
-    batch runs forwards until every rank's batch is done (as transformers' synced_gpus); the
-    ranks must generate equally many batches.
+    rank_max (the maximum of an int over the ranks, e.g. Dist.max): a ZeRO-3 model, whose every
+    forward gathers parameters from all ranks: each batch runs forwards until every rank's batch
+    is done (as transformers' synced_gpus); the ranks must generate equally many batches.
     Sampling is temperature and nucleus only: none of the logits processors that generate()
     would add from a model's generation_config (a repetition penalty, say) applies."""
     stops = stop_token_ids(tokenizer, stop_tokens, getattr(model, "generation_config", None))
@@ -271,18 +277,12 @@ def sample_hf(
     bar = progress(total=len(jobs), desc=desc, unit="seq", leave=False)
     for start in range(0, len(jobs), batch_size):
         batch = jobs[start : start + batch_size]
-        seqs = [prompt_ids[i] for i, _ in batch]
-        width = max(map(len, seqs))
-        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):  # left padding: generated tokens line up on the right
-            input_ids[r, width - len(s) :] = torch.tensor(s)
-            attention[r, width - len(s) :] = 1
+        input_ids, attention = left_padded([prompt_ids[i] for i, _ in batch], pad)
         own = [limits[i] for i, _ in batch]
         pick = (SeededSampler([sequence_seed(seeds[i], j) for i, j in batch], max(own),
                               temperature, top_p) if temperature > 0 else greedy)
         generated, logprobs, lengths = decode(model, input_ids.to(device), attention.to(device),
-                                              own, stops, pad, pick, synced_gpus=synced_gpus)
+                                              own, stops, pad, pick, rank_max=rank_max)
         for r, (i, j) in enumerate(batch):
             tokens = generated[r, : lengths[r]].tolist()
             reason = "stop" if tokens and tokens[-1] in stops else "length"

@@ -29,7 +29,7 @@ class HfPolicySampler:
     """Sampling with the hf backend's decode loop (generation.sample_hf) on the training module.
 
     dist (ZeRO-3 with several ranks, else None): every forward gathers parameters from all
-    ranks, so the ranks generate in step (synced_gpus: a rank whose batch is done keeps running
+    ranks, so the ranks generate in step (a rank whose batch is done keeps running
     forwards until every rank's is) and make equally many batches (a rank with fewer
     batches generates a one-token stand-in and discards it)."""
 
@@ -63,12 +63,13 @@ class HfPolicySampler:
         try:
             out = sample_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature,
                             top_p=top_p, max_new_tokens=max_new_tokens, prompt_seeds=prompt_seeds,
-                            batch_size=self.batch_size, desc=desc, synced_gpus=synced,
+                            batch_size=self.batch_size, desc=desc,
+                            rank_max=self.dist.max if synced else None,
                             stop_tokens=self.stop_tokens)  # no gradient
             for _ in range(pad):
                 sample_hf(self.model, self.tokenizer, [self.tokenizer.eos_token], n=1,
                           temperature=temperature, top_p=top_p, max_new_tokens=1,
-                          prompt_seeds=[0], batch_size=1, desc=desc, synced_gpus=True)
+                          prompt_seeds=[0], batch_size=1, desc=desc, rank_max=self.dist.max)
             return out
         finally:
             self.model.train(training)
