@@ -145,7 +145,12 @@ def test_padding_free_gives_the_scores_loss_and_gradients_of_padded_rows(dtype, 
     else:
         assert packed["calls"] < padded["calls"]  # a packed row costs its tokens
     for key, value in padded["stats"].items():
-        assert max_rel(packed["stats"][key], value) <= tol, key
+        # the divergences (at most ~2e-3 here) are small differences between distributions whose
+        # float32 log-probs round differently in the two layouts: their error is absolute, a few
+        # 1e-8 (1.0-1.3e-5 of their maximum on an AVX-512 Xeon), while a wrong packing moves them
+        # by their own size
+        bound = 1e-4 if dtype == torch.float32 and key in ("jsd", "group_jsd") else tol
+        assert max_rel(packed["stats"][key], value) <= bound, key
     assert {"group_jsd", "jsd"} <= padded["stats"].keys() or case == "micro"
     assert torch.equal(packed["mask"], padded["mask"]) and 0 < int(padded["mask"].sum())
     assert packed["loss"] == pytest.approx(padded["loss"], rel=tol) and padded["loss"] != 0
