@@ -236,6 +236,16 @@ def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max() if a.numel() else 0)
 
 
+def stat_bound(key: str, tol: float, float32: bool) -> float:
+    """The max_rel bound of a scored statistic between two layouts of the same float32 (or
+    float64) computation: tol, but at least 1e-4 for the float32 divergences. Those (jsd,
+    group_jsd: at most a few 1e-3 here) are small differences between distributions whose
+    float32 log-probs round differently in each layout, so their error is absolute, a few 1e-8:
+    1.0-2.5e-5 of their maximum on an AVX-512 Xeon, while a wrong layout moves them by their own
+    size. The entropies and log-probs keep tol (they agree to about 1e-7)."""
+    return max(tol, 1e-4) if float32 and key in ("jsd", "group_jsd") else tol
+
+
 @pytest.mark.slow
 def test_sequence_parallel_2_gives_the_scores_loss_and_gradients_of_none(tmp_path):
     from stages.core.models.modeling import build_scratch_model
@@ -266,7 +276,7 @@ def check_cases(one: dict, two: list[dict]) -> None:
                 assert 0 < b["selected"], what
                 assert b["calls"] == a["calls"] and a["calls"] >= 2, what
                 for key, value in a["stats"].items():
-                    assert max_rel(b["stats"][key], value) <= tol, (*what, key)
+                    assert max_rel(b["stats"][key], value) <= stat_bound(key, tol, not exact), (*what, key)
                 assert b["loss"] == pytest.approx(a["loss"], rel=tol), what
                 assert b["clipped"] == a["clipped"] and (a["clipped"] > 0) == (k == 1), what
                 assert b["kl"] == pytest.approx(a["kl"], rel=tol, abs=1e-12), what

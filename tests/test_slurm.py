@@ -516,7 +516,9 @@ def start_training_runs(local_wd: Path, cfg_path: str, env: dict[str, str], base
 
 # ----- three walltime kills in a row -------------------------------------------------------------
 KILLS = 3
-KILL_STEPS = 12  # of the killed training; each attempt trains one to three steps
+# steps of the killed training: room for three attempts of a few steps each (the test stops an
+# attempt within about one step of its first row; an Intel Xeon trains several steps a second)
+KILL_STEPS = 24
 SIGNAL_LEAD_S = 60  # train.save_before_limit_minutes: 1
 KILLS_TIMEOUT_S = 900
 SIGURG_PENDING = 1 << (signal.SIGURG - 1)  # its bit in /proc/<pid>/status's ShdPnd mask
@@ -624,14 +626,23 @@ def kill_attempts(wd: Path, proc: subprocess.Popen, target: str, kills: list[dic
         "results/test/train") / "state.json"
     done = 0
     while len(kills) < KILLS and proc.poll() is None:
-        found = running_job(wd)
-        pid = trainer_pid(wd)
+        # the new row first and the stop at once (a file read and a scan of /proc); SLURM's view
+        # of the job after: a fast machine trains several steps in one scontrol call
         rows = len(live.read_text().splitlines()) if live.exists() else 0
-        if found is None or pid is None or rows <= done:
+        pid = trainer_pid(wd) if rows > done else None
+        if pid is None:
+            time.sleep(0.05)
+            continue
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:  # it ended between the scan and the signal
+            continue
+        found = running_job(wd)
+        if found is None:  # not (or no longer) a running job: let it go on, and look again
+            os.kill(pid, signal.SIGCONT)
             time.sleep(0.5)
             continue
         jobid, job = found
-        os.kill(pid, signal.SIGSTOP)
         elapsed = seconds(job["RunTime"])
         minutes = -(-(elapsed + SIGNAL_LEAD_S + 6) // 60)
         wait = (60 * minutes - elapsed) - (SIGNAL_LEAD_S + 30)
@@ -649,10 +660,20 @@ def kill_attempts(wd: Path, proc: subprocess.Popen, target: str, kills: list[dic
         # steps, remove the resume folder) before a poll sees the folder without a running job
         while (now := running_job(wd)) is not None and now[0] == jobid and proc.poll() is None:
             time.sleep(0.2)
-        step = json.loads(state.read_text())["step"] if state.exists() else 0
+        step = saved_step(wd, jobid, state)
         kills.append({"jobid": jobid, "time_limit_minutes": minutes, "step": step,
                       "signalled": time.monotonic() < deadline})
         done = step
+
+
+def saved_step(wd: Path, jobid: str, state: Path) -> int:
+    """The step attempt `jobid` saved its resume state after: from its own SLURM log, which
+    stays (the retry may already have finished and removed the resume folder), else from the
+    state, else 0 (nothing saved: the test fails on it)."""
+    for log in (wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log"):
+        if found := re.search(r"resume state saved after step (\d+) of", log.read_text()):
+            return int(found.group(1))
+    return json.loads(state.read_text())["step"] if state.exists() else 0
 
 
 @pytest.fixture(scope="module")
