@@ -19,6 +19,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from stages.core.report.render import MISSING, Table, markdown
+
 
 def read_run(spec: str) -> tuple[str, pl.DataFrame, dict[str, str]]:
     label, sep, path = spec.partition("=")
@@ -60,19 +62,13 @@ def values(rows: pl.DataFrame, metric: str, method: str, bench: str | None = Non
 
 def cell(points: list[float], signed: bool, sd: bool) -> str:
     if not points:
-        return "—"
+        return MISSING
     fmt = "{:+.1f}" if signed else "{:.1f}"
     text = ", ".join(fmt.format(p) for p in points)
     mean = statistics.fmean(points)
     mean_text = f"{mean:+.2f}" if signed else f"{mean:.2f}"
     spread = f", sd {statistics.stdev(points):.2f}" if sd and len(points) > 1 else ""
     return f"{text} (mean {mean_text}{spread})"
-
-
-def table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
 
 
 def main(specs: list[str]) -> None:
@@ -90,24 +86,23 @@ def main(specs: list[str]) -> None:
     def name(key: str) -> str:
         return names.get(key, key)
 
-    base = [[name(b)] + [cell(list(values(r, "pass@1", "base", b).values()), False, False)
-                         for _, r, _ in runs] for b in benches]
+    # the base model's pass@1 per run and benchmark: its own row, and what each gain subtracts
+    before = [{b: values(r, "pass@1", "base", b) for b in benches} for _, r, _ in runs]
+    base = [[name(b)] + [cell(list(run[b].values()), False, False) for run in before] for b in benches]
     gains = []
     for b in benches:
         for m in methods:
             row = [name(b), name(m)]
-            for _, r, _ in runs:
-                trained, before = values(r, "pass@1", m, b), values(r, "pass@1", "base", b)
-                row.append(cell([trained[s] - before[s] for s in trained if s in before], True, True))
+            for (_, r, _), run in zip(runs, before, strict=True):
+                trained = values(r, "pass@1", m, b)
+                row.append(cell([trained[s] - run[b][s] for s in trained if s in run[b]], True, True))
             gains.append(row)
     avg = [[name(m)] + [cell(list(values(r, "pass@4", m).values()), False, False) for _, r, _ in runs]
            for m in ["base", *methods]]
-    print("Base model pass@1 (%), evaluated with each seed:\n")
-    print(table(["benchmark", *labels], base))
-    print("\npass@1 gain over the base model of the same seed (points):\n")
-    print(table(["benchmark", "method", *labels], gains))
-    print(f"\npass@4, average of the {len(benches)} benchmarks (%):\n")
-    print(table(["method", *labels], avg))
+    print(markdown(Table("Base model pass@1 (%), evaluated with each seed", ["benchmark", *labels], base)))
+    print(markdown(Table("pass@1 gain over the base model of the same seed (points)",
+                         ["benchmark", "method", *labels], gains, left_columns=2)))
+    print(markdown(Table(f"pass@4, average of the {len(benches)} benchmarks (%)", ["method", *labels], avg)))
 
 
 if __name__ == "__main__":

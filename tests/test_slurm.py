@@ -666,13 +666,18 @@ def kill_attempts(wd: Path, proc: subprocess.Popen, target: str, kills: list[dic
         done = step
 
 
+def train_job_log(wd: Path, jobid: str) -> Path | None:
+    """The SLURM log the plugin kept of training job `jobid` run from `wd` (None before it has one)."""
+    return next((wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log"), None)
+
+
 def saved_step(wd: Path, jobid: str, state: Path) -> int:
     """The step attempt `jobid` saved its resume state after: from its own SLURM log, which
     stays (the retry may already have finished and removed the resume folder), else from the
     state, else 0 (nothing saved: the test fails on it)."""
-    for log in (wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log"):
-        if found := re.search(r"resume state saved after step (\d+) of", log.read_text()):
-            return int(found.group(1))
+    log = train_job_log(wd, jobid)
+    if log and (found := re.search(r"resume state saved after step (\d+) of", log.read_text())):
+        return int(found.group(1))
     return json.loads(state.read_text())["step"] if state.exists() else 0
 
 
@@ -726,14 +731,14 @@ def test_three_walltime_kills_in_a_row_end_with_the_uninterrupted_runs_metrics(w
         job = known[k["jobid"]]
         assert job["JobState"] == "FAILED" and seconds(job["TimeLimit"]) == 60 * k["time_limit_minutes"], job
         assert seconds(job["RunTime"]) < seconds(job["TimeLimit"]), job
-        log = next((wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{k['jobid']}.log")).read_text()
+        log = train_job_log(wd, k["jobid"]).read_text()
         assert f"SIGURG (time limit near): resume state saved after step {k['step']} of {KILL_STEPS}" in log, log[-3000:]
     assert known[ids[-1]]["JobState"] == "COMPLETED", known[ids[-1]]
     # the rule asked SLURM for the signal: its sbatch lines
     assert len(re.findall(r"sbatch call: sbatch .*--signal=URG@60", runs["kills"]["out"])) == KILLS + 1
     for previous, k in zip([0, *steps], [*kills, None], strict=True):  # each attempt resumed
         jobid = k["jobid"] if k else ids[-1]
-        log = next((wd / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log")).read_text()
+        log = train_job_log(wd, jobid).read_text()
         assert (f"at step {previous} from" in log) == bool(previous), log[-3000:]
     # the uninterrupted run's metrics (timings aside), final weights and save_every checkpoints
     job = Path(target).parent
@@ -767,8 +772,7 @@ def training_runs(runs):
         assert [rule for rule, _, _ in jobs] == ["train"], (name, jobs, run["out"][-3000:])
         run["jobid"] = jobid = jobs[0][2]
         run["scontrol"] = known[jobid]
-        run["job_log"] = next(
-            (run["wd"] / ".snakemake" / "slurm_logs").glob(f"rule_train/**/{jobid}.log")).read_text()
+        run["job_log"] = train_job_log(run["wd"], jobid).read_text()
         sbatch = re.search(r"sbatch call: (sbatch .*?) --wrap=", run["out"])
         assert sbatch, run["out"][-3000:]
         run["sbatch"] = sbatch[1]
