@@ -22,10 +22,9 @@ from . import cli
 from .config import Config, ConfigError
 from .core.common.io import atomic_dir, provenance, read_parquet, write_json, write_parquet
 from .core.data.problems import PROBLEM_SCHEMA
-from .keys import base_model_config_keys, result_hash
+from .keys import RESOLVED_CONFIG, STAGE_VERSIONS, base_model_config_keys, result_hash
 
-STAGE_VERSION = "1"
-RESOLVED_CONFIG = "ict_rlvr_config.json"
+STAGE_VERSION = STAGE_VERSIONS["base_model"]
 
 
 def accuracy(model, tokenizer, frame, *, n: int, temperature: float, max_new_tokens: int,
@@ -142,7 +141,7 @@ def main(args, cfg: Config) -> None:
         if not (args.sft_data and args.eval_data):
             raise ConfigError(f"models.{args.size}: a scratch model needs --sft-data and --eval-data")
         built = build_scratch(cfg, args.size, args.sft_data, args.eval_data, out_dir)
-        ref, summary = built["ref"], built["summary"]
+        ref, summary = built["ref"], {**built["summary"], "provenance": built["prov"]}
         cli.log.info("%s: sampled accuracy %.3f, greedy %.3f after %d SFT steps (%.0f s)",
                      args.size, summary["accuracy_sampled"], summary["accuracy_greedy"],
                      summary["sft_steps"], summary["sft_seconds"])
@@ -155,7 +154,9 @@ def main(args, cfg: Config) -> None:
                      summary["convert_seconds"])
     else:
         ref = {"kind": "hub", "model_id": spec.hub.model_id, "revision": spec.hub.revision}
-        summary = {"size": args.size, "source": "hub", **ref}
+        prov = provenance("base_model", STAGE_VERSION,
+                          result_hash(cfg, *base_model_config_keys(args.size)), cfg.seed, size=args.size)
+        summary = {"size": args.size, "source": "hub", **ref, "provenance": prov}
     write_json(out_dir / "summary.json", summary)
     write_json(out_dir / "base.json", ref)  # last: its presence means the stage finished
 

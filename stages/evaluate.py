@@ -33,11 +33,12 @@ from .core.common.metrics import Estimate, bootstrap_ci, summarise
 from .core.data.problems import PROBLEM_SCHEMA
 from .keys import (
     EVALUATE_KEYS,  # noqa: F401  (re-exported)
+    STAGE_VERSIONS,
     result_hash,
 )
 from .keys import evaluate_config_keys as config_keys
 
-STAGE_VERSION = "2"
+STAGE_VERSION = STAGE_VERSIONS["evaluate"]
 INVALID = "[INVALID]"  # math_dapo's prediction when a response has no "Answer:" line
 
 # the parts of the config this stage reads (main_methods, headline and curve_benchmarks only

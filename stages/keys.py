@@ -12,9 +12,37 @@ job's own Snakemake parse stay fast. The stage modules re-export them under thei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .config import Config, Loss, Train, digest
+
+STAGE_VERSIONS: dict[str, str] = {
+    "prepare_data": "1",
+    "base_model": "1",
+    "rollout": "2",
+    "token_stats": "5",
+    "train": "5",  # 5: phase times, the length-limit share, the resume record (states of 4 lack them)
+    "evaluate": "2",
+    "overlap": "1",
+    "tables": "2",
+}
+"""The version of each stage's code. It enters the hash of every job that runs the stage
+(job_hash, each rule's `job_hash` parameter), so bumping it reruns that stage's jobs and what
+depends on them, and nothing else. Bump it in the commit whose code change changes what the stage
+computes (its numbers, columns or files); not for speed, memory, logging or messages, which
+rerun nothing. Say what changed in a comment beside the new number."""
+
+RULE_STAGES = {"evaluate_checkpoint": "evaluate"}
+"""Rules whose stage has another name (every other rule runs the stage of its own name)."""
+
+RESOLVED_CONFIG = "ict_rlvr_config.json"
+"""The record inside every checkpoint folder: the resolved config, provenance and summary."""
+
+
+def stage_of(rule: str) -> str:
+    """The stage module a rule runs."""
+    return RULE_STAGES.get(rule, rule)
 
 EVALUATE_KEYS = ("backend", "n", "temperature", "top_p", "max_new_tokens", "k", "bootstrap",
                  "grade_timeout_s", "batch_size", "graders", "batch_invariant", "engine_kwargs")
@@ -145,9 +173,14 @@ def result_hash(cfg: Config, *paths: str) -> str:
 
 
 # ----- the stages --------------------------------------------------------------------------------
+BASE_MODEL_KEYS = ("source", "scratch", "sft", "hub", "gguf")
+"""The keys of models.<size> the base-model stage reads: what the model is and, for a scratch
+model, how its SFT trains. Its GPUs, engines, training section and labels are the later stages'."""
+
+
 def base_model_config_keys(size: str) -> tuple[str, ...]:
     """The parts of the config the base-model stage reads (its rule hashes the same ones)."""
-    return (f"models/{size}", "seed")
+    return (*(f"models/{size}/{key}" for key in BASE_MODEL_KEYS), "seed")
 
 
 def rollout_config_keys(cfg: Config, size: str) -> tuple[str, ...]:
@@ -224,21 +257,30 @@ def train_config_hash(cfg: Config, size: str, method: str) -> str:
     return digest(train_result_config(cfg, size, method))
 
 
-def differences(saved: Any, current: Any, where: str = "") -> list[str]:
+def differences(saved: Any, current: Any, where: str = "", then: str = "in the resume state") -> list[str]:
     """The dotted keys at which two JSON values differ, with both values ('train.lr: 0.001 in
-    the resume state, 0.003 now')."""
+    the resume state, 0.003 now'; `then` says where the saved value is)."""
     if isinstance(saved, dict) and isinstance(current, dict):
         out = []
         for key in sorted(set(saved) | set(current), key=str):
             name = f"{where}.{key}" if where else str(key)
             if key not in saved:
-                out.append(f"{name}: absent in the resume state, {current[key]!r} now")
+                out.append(f"{name}: absent {then}, {current[key]!r} now")
             elif key not in current:
-                out.append(f"{name}: {saved[key]!r} in the resume state, absent now")
+                out.append(f"{name}: {saved[key]!r} {then}, absent now")
             else:
-                out += differences(saved[key], current[key], name)
+                out += differences(saved[key], current[key], name, then)
         return out
-    return [] if saved == current else [f"{where}: {saved!r} in the resume state, {current!r} now"]
+    return [] if saved == current else [f"{where}: {saved!r} {then}, {current!r} now"]
+
+
+def config_key_name(key: str, size: str, method: str) -> str:
+    """A dotted key of train_result_config as the config spells it ('model.lr' ->
+    'models.<size>.lr')."""
+    head, _, rest = key.partition(".")
+    where = {"train": "train", "method": f"methods.{method}", "model": f"models.{size}",
+             "grade_timeout_s": "evaluate.grade_timeout_s", "train_datasets": "datasets"}.get(head, head)
+    return f"{where}.{rest}" if rest else where
 
 
 def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[str, ...]:
@@ -255,6 +297,68 @@ def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[s
 def overlap_config_keys(size: str) -> tuple[str, ...]:
     """The parts of the config this stage reads (its rule hashes the same ones)."""
     return ("rollout/temperature", "token_stats", "seed")
+
+
+def curve_benchmarks(cfg: Config) -> list[str]:
+    """The benchmarks of the checkpoints' evaluations (evaluate.curve_benchmarks, else all)."""
+    return list(cfg.evaluate.curve_benchmarks or cfg.experiment.benchmarks)
+
+
+def tables_config_keys(cfg: Config) -> tuple[str, ...]:
+    """The parts of the config the tables stage reads (its rule hashes the same ones)."""
+    return ("experiment", "evaluate", "methods", "rollout/temperature", "train/steps",
+            "train/save_every", "token_stats/overlap_top", "token_stats/ict_readings",
+            "token_stats/early_positions",
+            *(f"models/{s}/{key}" for s in cfg.experiment.sizes for key in ("label", "source", "hub")),
+            *(f"datasets/{b}/{key}" for b in cfg.experiment.benchmarks
+              for key in ("label", "reported_as", "grader")))
+
+
+def config_hash_of(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
+    """The hash of the result keys one job of `rule` reads, for its wildcards `w`: what its
+    outputs' provenance records as `config_hash` (an evaluation's records each benchmark's own)."""
+    if rule == "prepare_data":
+        ds = w["dataset"]
+        return result_hash(cfg, f"datasets/{ds}", f"templates/{cfg.datasets[ds].template}", "seed")
+    if rule == "base_model":
+        return result_hash(cfg, *base_model_config_keys(w["size"]))
+    if rule == "rollout":
+        return result_hash(cfg, *rollout_config_keys(cfg, w["size"]))
+    if rule == "token_stats":
+        return token_stats_config_hash(cfg, w["size"])
+    if rule == "train":
+        return train_config_hash(cfg, w["size"], w["method"])
+    if rule in ("evaluate", "evaluate_checkpoint"):
+        benches = cfg.experiment.benchmarks if rule == "evaluate" else curve_benchmarks(cfg)
+        return result_hash(cfg, *dict.fromkeys(key for bench in benches for key in
+                                               evaluate_config_keys(w["size"], bench, w["method"])))
+    if rule == "overlap":
+        return result_hash(cfg, *overlap_config_keys(w["size"]))
+    if rule == "tables":
+        return result_hash(cfg, *tables_config_keys(cfg))
+    raise KeyError(f"no config hash for rule {rule!r}")
+
+
+def job_hash(stage: str, config_hash: str, version: str | None = None) -> str:
+    """What a job's results are a function of, besides its inputs: its stage, the stage's
+    version (STAGE_VERSIONS, unless `version` names a recorded one) and the hash of the result
+    keys it reads. Each rule's one parameter that is no path: a change reruns the job."""
+    return digest({"stage": stage, "version": STAGE_VERSIONS[stage] if version is None else version,
+                   "config": config_hash})
+
+
+def job_hash_of(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
+    """job_hash of one job of `rule` under `cfg`."""
+    return job_hash(stage_of(rule), config_hash_of(cfg, rule, w))
+
+
+def legacy_config_hash(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
+    """The `config_hash` parameter a job of `rule` had before job_hash replaced it (and before
+    the base model hashed only BASE_MODEL_KEYS): what a run finished then recorded, which
+    `snakemake --touch` compares when it brings that run's records up to date (stages.reruns)."""
+    if rule == "base_model":
+        return result_hash(cfg, f"models/{w['size']}", "seed")
+    return config_hash_of(cfg, rule, w)
 
 
 def checkpoint_name(step: int) -> str:

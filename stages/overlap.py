@@ -29,11 +29,11 @@ from .core.common.io import ArtifactError, provenance, read_parquet, write_parqu
 from .core.models.modeling import load_model_and_tokenizer
 from .core.statistics.scoring import stream_statistics
 from .core.training.selectors import count, top_k_first
+from .keys import STAGE_VERSIONS, result_hash
 from .keys import overlap_config_keys as config_keys
-from .keys import result_hash
 from .rollout import ROLLOUT_SCHEMA
 
-STAGE_VERSION = "1"
+STAGE_VERSION = STAGE_VERSIONS["overlap"]
 
 OVERLAP_SCHEMA = pa.schema(
     [

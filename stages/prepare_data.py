@@ -12,8 +12,9 @@ from .config import Config, ConfigError, GeneratedSource
 from .core.common.io import provenance, write_parquet
 from .core.data.adapters import DAPO_INSTRUCTION
 from .core.data.problems import PROBLEM_SCHEMA, Problem, generate_arithmetic, render_prompt
+from .keys import STAGE_VERSIONS
 
-STAGE_VERSION = "1"
+STAGE_VERSION = STAGE_VERSIONS["prepare_data"]
 
 
 def load_problems(cfg: Config, name: str) -> list[Problem]:

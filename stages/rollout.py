@@ -18,10 +18,10 @@ from .core.common.io import provenance, read_parquet, write_parquet
 from .core.data.problems import PROBLEM_SCHEMA
 from .core.models.backends import SamplingSettings, generate
 from .core.reward.registry import grade_many
-from .keys import result_hash
+from .keys import STAGE_VERSIONS, result_hash
 from .keys import rollout_config_keys as config_keys
 
-STAGE_VERSION = "2"
+STAGE_VERSION = STAGE_VERSIONS["rollout"]
 
 ROLLOUT_SCHEMA = pa.schema(
     [

@@ -74,10 +74,16 @@ from .core.training.selectors import (
     spec_of,
     valid_grid,
 )
-from .keys import REPORTED, reported_params, selector_params, token_stats_config_hash  # noqa: F401  (re-exported)
+from .keys import (  # noqa: F401  (re-exported)
+    REPORTED,
+    STAGE_VERSIONS,
+    reported_params,
+    selector_params,
+    token_stats_config_hash,
+)
 from .rollout import ROLLOUT_SCHEMA
 
-STAGE_VERSION = "5"
+STAGE_VERSION = STAGE_VERSIONS["token_stats"]
 
 TOP_TOKENS = 20
 # The readings of ICT's reference beside the paper's rule (ours, never ICT), by variant: the

@@ -77,7 +77,6 @@ import torch
 import torch.distributed
 
 from . import cli
-from .base_model import RESOLVED_CONFIG
 from .config import Config, ConfigError, Method, Train
 from .core.common.io import (
     ArtifactError,
@@ -116,8 +115,11 @@ from .core.training.rollouts import (
 )
 from .core.training.selectors import STATISTICS
 from .keys import (  # noqa: F401  (re-exported)
+    RESOLVED_CONFIG,
+    STAGE_VERSIONS,
     checkpoint_name,
     checkpoint_steps,
+    config_key_name,
     differences,
     train_config_hash,
     train_result_config,
@@ -125,7 +127,7 @@ from .keys import (  # noqa: F401  (re-exported)
 
 __all__ = ["main"]
 
-STAGE_VERSION = "5"  # 5: phase times, the length-limit share, the resume record (states of 4 lack them)
+STAGE_VERSION = STAGE_VERSIONS["train"]
 STATE_FILE = "state.json"
 
 SEQLEN_STATS = ("min", "max", "minmax_diff", "balanced_min", "balanced_max", "mean")
@@ -349,14 +351,6 @@ def fingerprint(cfg: Config, args) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def config_key_name(key: str, args) -> str:
-    """A dotted key of train_result_config as the config spells it."""
-    head, _, rest = key.partition(".")
-    where = {"train": "train", "method": f"methods.{args.method}", "model": f"models.{args.size}",
-             "grade_timeout_s": "evaluate.grade_timeout_s", "train_datasets": "datasets"}.get(head, head)
-    return f"{where}.{rest}" if rest else where
-
-
 def mismatch(saved: dict | None, current: dict, args) -> str:
     """Why a resume state's record differs from this job's, naming each key."""
     if not saved:
@@ -364,7 +358,7 @@ def mismatch(saved: dict | None, current: dict, args) -> str:
     lines = []
     for diff in differences(saved.get("config"), current["config"]):
         key, _, rest = diff.partition(":")
-        lines.append(f"{config_key_name(key, args)}:{rest}")
+        lines.append(f"{config_key_name(key, args.size, args.method)}:{rest}")
     if saved.get("stage_version") != current["stage_version"]:
         lines.append(f"the trainer's stage version: {saved.get('stage_version')!r} in the resume "
                      f"state, {current['stage_version']!r} now")

@@ -1,12 +1,18 @@
 """Helpers that several test modules share: a job of several processes as torchrun starts them
-(each rank a Python process with torchrun's variables; the tests' workers join gloo), and the
-actor's view of a training engine without DeepSpeed."""
+(each rank a Python process with torchrun's variables; the tests' workers join gloo), the
+actor's view of a training engine without DeepSpeed, and a finished run's files and a moved
+copy of the checkout (the rerun tests)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from stages.launch import free_port
 from tests.conftest import ROOT
@@ -74,3 +80,43 @@ class FakeEngine:
 
     def reduce(self, grad):
         raise NotImplementedError
+
+
+def snapshot(results: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `results` with its modification time and content hash."""
+    return {str(p.relative_to(results)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(results.rglob("*")) if p.is_file()}
+
+
+def contents(snap: dict) -> dict[str, str]:
+    return {path: digest for path, (_, digest) in snap.items()}
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The checkout's tracked and unignored files copied to `dest`, as a user moving it would."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def move_run(run: Path, checkout: Path, copy: bool = False) -> None:
+    """Move (or copy, keeping modification times) a run's results/ and .snakemake/ into a
+    checkout, whose results/ holds its README."""
+    def place(src: Path, dest: Path) -> None:
+        if not copy:
+            shutil.move(src, dest)
+        elif src.is_dir():
+            shutil.copytree(src, dest, symlinks=True)
+        else:
+            shutil.copy2(src, dest)
+
+    (checkout / "results").mkdir(exist_ok=True)
+    for entry in (run / "results").iterdir():
+        place(entry, checkout / "results" / entry.name)
+    place(run / ".snakemake", checkout / ".snakemake")

@@ -3,7 +3,7 @@
 The `snakemake` and `python -m stages...` commands are taken from README.md and docs/*.md (shell
 blocks, and inline code that starts with one of them) and run in the environment the README sets
 up (`source .venv/bin/activate`: this interpreter's Snakemake and packages), in a folder that
-holds the repository's Snakefile, workflow/, config/ and slurm/ and no results:
+holds the repository's Snakefile, workflow/, config/, slurm/ and profiles/ and no results:
 - `snakemake ...` as a dry run (`-n`), against the config it names; before that, its arguments are
   parsed as Snakemake parses them, so a target written after `--configfile`, `--forcerun` or
   `--set-resources` (each takes several values) is reported as swallowed;
@@ -164,7 +164,7 @@ MUST_FAIL = [
 def results(tmp_path_factory) -> dict[str, dict]:
     """Every documented command and every MUST_FAIL one, run once: {command: outcome}."""
     wd = tmp_path_factory.mktemp("docs-commands")
-    for part in ("Snakefile", "workflow", "config", "slurm"):
+    for part in ("Snakefile", "workflow", "config", "slurm", "profiles"):
         (wd / part).symlink_to(ROOT / part)
     for page in PAGES:
         for name, content in example_files(page.read_text()).items():

@@ -11,12 +11,12 @@ import copy
 
 import pytest
 
-from stages import train
 from stages.config import validate
 from stages.keys import (
     ENGINE_OPERATIONAL,
     MODEL_OPERATIONAL,
     TRAIN_OPERATIONAL,
+    config_key_name,
     differences,
     token_stats_config_hash,
     train_config_hash,
@@ -93,7 +93,7 @@ def test_a_result_edit_changes_the_training_hash_and_names_the_key(test_raw, nam
     assert train_config_hash(edited, "tiny-s", "ict") != train_config_hash(base, "tiny-s", "ict"), name
     found = differences(train_result_config(base, "tiny-s", "ict"),
                         train_result_config(edited, "tiny-s", "ict"))
-    named = [train.config_key_name(d.partition(":")[0], job_args()) for d in found]
+    named = [config_key_name(d.partition(":")[0], "tiny-s", "ict") for d in found]
     # the effective training section's key (train, then models.<size>.train applied) is named
     want = name.replace("models.tiny-s.train.", "train.").split(" ")[0]
     assert want in named or any(n.startswith(want + ".") for n in named), (name, found)

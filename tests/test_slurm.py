@@ -45,6 +45,7 @@ from stages.core.common.io import read_provenance
 from stages.launch import free_port
 from stages.train import TIME_COLUMNS
 from tests.conftest import ROOT, workflow_env, write_yaml
+from tests.helpers import copy_checkout, move_run, snapshot
 
 pytestmark = pytest.mark.slow  # a real two-node SLURM cluster and workflow runs through it (minutes): scripts/test.sh --all
 
@@ -465,6 +466,25 @@ def test_second_run_has_nothing_to_do(runs):
     )
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, (
         again.stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_a_moved_copy_of_the_checkout_and_run_has_nothing_to_do(runs, tmp_path):
+    """The checkout and the finished SLURM run copied elsewhere, dry-run from there through the
+    profile, with the stages' interpreter named by another path: no job is listed (no parameter
+    holds the interpreter or an absolute path), and nothing under results/ is written."""
+    moved = copy_checkout(tmp_path / "moved")
+    move_run(runs["slurm_wd"], moved, copy=True)
+    before = snapshot(moved / "results")
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    dry = subprocess.run(
+        ["timeout", "-k", "10", "120", sys.executable, "-m", "snakemake", "-n", "--profile", "slurm",
+         "--configfile", "config/test.yaml"],
+        cwd=moved, env={**runs["env"], "PYTHONPATH": str(moved), "ICT_RLVR_STAGE_PYTHON": str(link)},
+        capture_output=True, text=True)
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stderr[-3000:]
+    assert snapshot(moved / "results") == before
 
 
 # ----- training jobs: several GPUs, several nodes -----------------------------------------------

@@ -17,6 +17,8 @@ output_names when it parses the rules.
 
 from __future__ import annotations
 
+from ..keys import STAGE_VERSIONS
+
 # every entry, imported so that it registers; the order of the outputs is each entry's `order`
 from . import (  # noqa: F401
     ablation,
@@ -51,7 +53,7 @@ from .registry import OUTPUTS, main, output_names, register_figure, register_tab
 from .seeds import pooled_bootstrap_ci
 from .token_stats import token_table
 
-STAGE_VERSION = "2"
+STAGE_VERSION = STAGE_VERSIONS["tables"]
 
 __all__ = [
     "OUTPUTS", "RATIO_LABEL", "TABLE1_LABEL", "Cell", "Loaded", "ablation_table", "base_gain_table",

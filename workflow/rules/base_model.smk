@@ -1,6 +1,3 @@
-from stages.keys import base_model_config_keys
-
-
 rule base_model:
     """Train a scratch model by SFT (or record a hub model's id) and write its base.json."""
     input:
@@ -9,18 +6,17 @@ rule base_model:
         ref=base_ref("{size}"),
         summary=f"{model_dir('{size}')}/summary.json",
     params:
-        py=PY,
         config=CONFIG_FILE,
         out_dir=lambda w: model_dir(w.size),
         data=lambda w, input: (
             f"--sft-data {input.sft} --eval-data {input.eval}" if "sft" in input.keys() else ""
         ),
-        config_hash=lambda w: config_hash(*base_model_config_keys(w.size)),
+        job_hash=job_hash("base_model"),
     log:
         f"{RESULTS}/logs/base_model/{{size}}.log",
     threads: job_threads("base_model")
     resources:
         **job_resources("base_model"),
     shell:
-        "{params.py} -m stages.base_model --config {params.config} --size {wildcards.size}"
+        "{resources.stage_python} -m stages.base_model --config {params.config} --size {wildcards.size}"
         " {params.data} --out-dir {params.out_dir} --threads {threads} 2>&1 | tee {log}"

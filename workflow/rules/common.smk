@@ -1,10 +1,15 @@
-# Shared by every rule: the validated config, path builders and per-job parameter hashes.
+# Shared by every rule: the validated config, path builders, per-job result hashes, and the
+# guard of finished trainings.
 import sys
 
 import yaml
+from snakemake_interface_executor_plugins.settings import ExecMode
 
+from stages import reruns
 from stages.config import ConfigError, Gpus, validate
-from stages.keys import checkpoint_steps, result_hash, save_signal_option
+from stages.keys import checkpoint_steps, job_hash_of, save_signal_option
+from stages.keys import curve_benchmarks as keys_curve_benchmarks
+from stages.paths import RunPaths
 
 # --configfile replaces the embedded default rather than being merged into it.
 if not workflow.overwrite_configfiles:
@@ -13,7 +18,12 @@ if not workflow.overwrite_configfiles:
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"]))
+# The main Snakemake process, not a job's own parse (a SLURM job re-parses this file on its node).
+MAIN = workflow.exec_mode == ExecMode.DEFAULT
 try:
+    # the user's consent to replace finished trainings is given on the command line, not in
+    # the config (stages.reruns)
+    CONSENT = reruns.parse_consent(config.pop(reruns.CONSENT_KEY, None), "--config")
     CFG = validate(config, CONFIG_SOURCE)
 except ConfigError as err:
     sys.exit(f"error: {err}")
@@ -44,72 +54,59 @@ except ConfigError as err:
     TRAIN_RETRIES = None
 
 RESULTS = f"results/{CFG.run}"
-# The interpreter running Snakemake runs the stages too, so an un-activated venv still works;
-# on a GPU cluster the stages run from the GPU environment (scripts/setup.sh --gpu), named here.
-PY = os.environ.get("ICT_RLVR_STAGE_PYTHON") or sys.executable
+PATHS = RunPaths(RESULTS)
+# The interpreter of the stages: $ICT_RLVR_STAGE_PYTHON (a GPU cluster's GPU environment,
+# scripts/setup.sh --gpu), else the one running Snakemake, so an un-activated venv still works.
+# A resource, not a param: where a job runs is no reason to rerun it (docs/results.md).
+STAGE_PYTHON = os.environ.get("ICT_RLVR_STAGE_PYTHON") or sys.executable
 EXP = CFG.experiment
 SCRATCH_SIZES = [s for s in EXP.sizes if CFG.models[s].source == "scratch"]
 
+# The validated config, defaults filled in, as the one file every job reads. Its path never
+# changes, so it is no reason to rerun a job; what is (the parts of the config a job reads) is
+# each rule's `job_hash` parameter. Written by the main process of a real run only (onstart
+# below), so that a dry run, or a job's own parse, never changes it under a running job.
+CONFIG_FILE = PATHS.resolved_config()
 
-def resolved_config():
-    """The validated config, defaults filled in, as the one file every job reads.
 
-    Its path never changes, so it is no reason to rerun a job; what is (the parts of the config a
-    job reads) is each rule's `config_hash` parameter. Rewritten only when the content changes.
-    """
+def write_resolved_config():
+    """Write CONFIG_FILE where its content changed (atomically)."""
     text = yaml.safe_dump(CFG.model_dump(mode="json"), sort_keys=False)
-    path = f"{RESULTS}/resolved_config.yaml"
-    if not os.path.exists(path) or open(path).read() != text:
+    if not os.path.exists(CONFIG_FILE) or open(CONFIG_FILE).read() != text:
         os.makedirs(RESULTS, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{CONFIG_FILE}.{os.getpid()}.tmp"
         with open(tmp, "w") as fh:
             fh.write(text)
-        os.replace(tmp, path)
-    return path
+        os.replace(tmp, CONFIG_FILE)
 
 
-CONFIG_FILE = resolved_config()
+# The finished trainings the config now gives another result (stages.reruns): listed by every
+# run, dry or real; a real run stops before replacing one unless the user consented.
+REPLACED = reruns.replaced_trainings(CFG, PATHS) if MAIN else {}
+if REPLACED:
+    reruns.announce(REPLACED, PATHS)
 
 
-# ----- paths (hive-style, so each folder reads as one table) ---------------------------------
-def data_path(dataset):
-    return f"{RESULTS}/data/dataset={dataset}/problems.parquet"
+onstart:
+    # after the DAG is built, before any job starts: a real run (or --touch) only
+    reruns.ANNOUNCE_AT_EXIT.clear()
+    if workflow.touch:
+        reruns.guard_touch(workflow, CFG)
+    else:
+        reruns.guard_run(workflow, PATHS, REPLACED, CONSENT)
+    write_resolved_config()
 
 
-def model_dir(size):
-    return f"{RESULTS}/models/size={size}"
-
-
-def base_ref(size):
-    return f"{model_dir(size)}/base.json"
-
-
-def rollout_path(size):
-    return f"{RESULTS}/rollouts/size={size}/rollouts.parquet"
-
-
-def token_stats_dir(size):
-    return f"{RESULTS}/token_stats/size={size}"
-
-
-def train_dir(size, method, seed):
-    """Training of one size x method x seed: model.json (reference to final/), final/, metrics.parquet."""
-    return f"{RESULTS}/train/size={size}/method={method}/seed={seed}"
-
-
-def eval_dir(size, method, seed, bench):
-    """Evaluation of one model on one benchmark; method "base" is the untrained base model."""
-    return f"{RESULTS}/eval/size={size}/method={method}/seed={seed}/bench={bench}"
-
-
-def eval_steps_dir(size, method, seed, step, bench):
-    """Evaluation of the checkpoint saved after `step` rollout steps (train.save_every)."""
-    return f"{RESULTS}/eval_steps/size={size}/method={method}/seed={seed}/step={step}/bench={bench}"
-
-
-def overlap_path(size, method, seed):
-    """The 80/20 paper's overlap of the top-entropy positions, base vs one trained model."""
-    return f"{RESULTS}/overlap/size={size}/method={method}/seed={seed}/overlap.parquet"
+# ----- paths (hive-style, so each folder reads as one table; stages.paths) ---------------------
+data_path = PATHS.data
+model_dir = PATHS.model_dir
+base_ref = PATHS.base_ref
+rollout_path = PATHS.rollouts
+token_stats_dir = PATHS.token_stats_dir
+train_dir = PATHS.train_dir
+eval_dir = PATHS.eval_dir
+eval_steps_dir = PATHS.eval_steps_dir
+overlap_path = PATHS.overlap
 
 
 # the curves over steps: some method saves checkpoints (train.save_every, or its own train keys)
@@ -133,11 +130,12 @@ def final_targets():
     return [f"{tables_dir()}/{n}" for n in names["tables"]] + [f"{figures_dir()}/{n}" for n in names["figures"]]
 
 
-# A job reruns when the result keys of the parts of the config it reads change, and only then
-# (stages.keys: operational keys such as memory shares, checkpoint cadence, labels and a job's
-# GPUs are left out).
-def config_hash(*keys):
-    return result_hash(CFG, *keys)
+# A job reruns when the result keys of the parts of the config it reads, or its stage's version,
+# change, and only then (stages.keys: operational keys such as memory shares, checkpoint cadence,
+# labels and a job's GPUs are left out). Every rule's one parameter that is no path.
+def job_hash(rule):
+    """A rule's `job_hash` parameter (stages.keys.job_hash_of)."""
+    return lambda wildcards: job_hash_of(CFG, rule, dict(wildcards.items()))
 
 
 # ----- what each job asks the scheduler for ---------------------------------------------------
@@ -223,6 +221,8 @@ def job_resources(rule):
         return job_gpus_per_node(rule, wildcards)
 
     resources = {
+        # the interpreter of the stage (STAGE_PYTHON): how a job runs, not what it computes
+        "stage_python": STAGE_PYTHON,
         "cpus_per_task": job_threads(rule),
         "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
         "runtime": lambda wildcards, attempt: job_runtime(rule, wildcards, attempt),
@@ -277,7 +277,7 @@ def train_dirs():
 
 def curve_benchmarks():
     """Benchmarks of the checkpoints' evaluations (evaluate.curve_benchmarks, else all)."""
-    return CFG.evaluate.curve_benchmarks or EXP.benchmarks
+    return keys_curve_benchmarks(CFG)
 
 
 def eval_step_dirs():

@@ -1,4 +1,3 @@
-from stages.keys import evaluate_config_keys
 from stages.keys import checkpoint_name
 
 
@@ -14,21 +13,19 @@ rule evaluate_checkpoint:
         metrics=expand(f"{eval_steps_dir('{{size}}', '{{method}}', '{{seed}}', '{{step}}', '{bench}')}/metrics.parquet",
                        bench=curve_benchmarks()),
     params:
-        py=PY,
         config=CONFIG_FILE,
         model=lambda w: f"{train_dir(w.size, w.method, w.seed)}/{checkpoint_name(int(w.step))}/model.json",
         benches=" ".join(curve_benchmarks()),
         out_dirs=lambda w: " ".join(eval_steps_dir(w.size, w.method, w.seed, w.step, b)
                                     for b in curve_benchmarks()),
-        config_hash=lambda w: config_hash(*dict.fromkeys(
-            key for bench in curve_benchmarks() for key in evaluate_config_keys(w.size, bench, w.method))),
+        job_hash=job_hash("evaluate_checkpoint"),
     log:
         f"{RESULTS}/logs/evaluate_checkpoint/{{size}}/{{method}}/{{seed}}/{{step}}.log",
     threads: job_threads("evaluate")
     resources:
         **job_resources("evaluate"),
     shell:
-        "{params.py} -m stages.evaluate --config {params.config} --size {wildcards.size}"
+        "{resources.stage_python} -m stages.evaluate --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {params.model}"
         " --bench {params.benches} --data {input.data} --out-dir {params.out_dirs}"
         " --threads {threads} 2>&1 | tee {log}"

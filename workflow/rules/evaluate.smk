@@ -1,6 +1,3 @@
-from stages.keys import evaluate_config_keys
-
-
 rule evaluate:
     """Sample n responses per benchmark problem from one model, grade them, report pass@k: one job
     per model (size x method x seed) for every benchmark, so the model is loaded once; each
@@ -14,19 +11,17 @@ rule evaluate:
         metrics=expand(f"{eval_dir('{{size}}', '{{method}}', '{{seed}}', '{bench}')}/metrics.parquet",
                        bench=EXP.benchmarks),
     params:
-        py=PY,
         config=CONFIG_FILE,
         benches=" ".join(EXP.benchmarks),
         out_dirs=lambda w: " ".join(eval_dir(w.size, w.method, w.seed, b) for b in EXP.benchmarks),
-        config_hash=lambda w: config_hash(*dict.fromkeys(
-            key for bench in EXP.benchmarks for key in evaluate_config_keys(w.size, bench, w.method))),
+        job_hash=job_hash("evaluate"),
     log:
         f"{RESULTS}/logs/evaluate/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("evaluate")
     resources:
         **job_resources("evaluate"),
     shell:
-        "{params.py} -m stages.evaluate --config {params.config} --size {wildcards.size}"
+        "{resources.stage_python} -m stages.evaluate --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --bench {params.benches} --data {input.data} --out-dir {params.out_dirs}"
         " --threads {threads} 2>&1 | tee {log}"

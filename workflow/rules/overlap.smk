@@ -1,6 +1,3 @@
-from stages.keys import overlap_config_keys
-
-
 rule overlap:
     """The top-entropy positions of the base model's rollouts under the base and a trained model:
     their overlap |A ∩ B| / |A| (the 80/20 paper's Table 1)."""
@@ -11,16 +8,15 @@ rule overlap:
     output:
         overlap_path("{size}", "{method}", "{seed}"),
     params:
-        py=PY,
         config=CONFIG_FILE,
-        config_hash=lambda w: config_hash(*overlap_config_keys(w.size)),
+        job_hash=job_hash("overlap"),
     log:
         f"{RESULTS}/logs/overlap/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("token_stats")
     resources:
         **job_resources("token_stats"),
     shell:
-        "{params.py} -m stages.overlap --config {params.config} --size {wildcards.size}"
+        "{resources.stage_python} -m stages.overlap --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --rollouts {input.rollouts} --tokens {input.tokens} --out {output}"
         " --threads {threads} 2>&1 | tee {log}"

@@ -3,16 +3,13 @@ rule prepare_data:
     output:
         data_path("{dataset}"),
     params:
-        py=PY,
         config=CONFIG_FILE,
-        config_hash=lambda w: config_hash(
-            f"datasets/{w.dataset}", f"templates/{CFG.datasets[w.dataset].template}", "seed"
-        ),
+        job_hash=job_hash("prepare_data"),
     log:
         f"{RESULTS}/logs/prepare_data/{{dataset}}.log",
     threads: job_threads("prepare_data")
     resources:
         **job_resources("prepare_data"),
     shell:
-        "{params.py} -m stages.prepare_data --config {params.config} --dataset {wildcards.dataset}"
+        "{resources.stage_python} -m stages.prepare_data --config {params.config} --dataset {wildcards.dataset}"
         " --out {output} 2>&1 | tee {log}"

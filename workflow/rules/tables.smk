@@ -19,7 +19,6 @@ rule tables:
         [report_item(tables_dir(), n) for n in table_output_names(CFG)["tables"]]
         + [report_item(figures_dir(), n) for n in table_output_names(CFG)["figures"]],
     params:
-        py=PY,
         config=CONFIG_FILE,
         # the folders of the inputs and outputs (each stage writes into a folder it is given)
         eval_dirs=lambda w, input: [os.path.dirname(f) for f in input.metrics],
@@ -29,26 +28,14 @@ rule tables:
         overlap_dirs=lambda w, input: [os.path.dirname(f) for f in input.overlap],
         tables_dir=lambda w, output: os.path.dirname(output[0]),
         figures_dir=lambda w, output: os.path.dirname(output[-1]),
-        config_hash=config_hash(
-            "experiment",
-            "evaluate",
-            "methods",
-            "rollout/temperature",
-            "train/steps",
-            "train/save_every",
-            "token_stats/overlap_top",
-            "token_stats/ict_readings",
-            "token_stats/early_positions",
-            *(f"models/{s}/{key}" for s in EXP.sizes for key in ("label", "source", "hub")),
-            *(f"datasets/{b}/{key}" for b in EXP.benchmarks for key in ("label", "reported_as", "grader")),
-        ),
+        job_hash=job_hash("tables"),
     log:
         f"{RESULTS}/logs/tables/tables.log",
     threads: job_threads("tables")
     resources:
         **job_resources("tables"),
     shell:
-        "{params.py} -m stages.tables --config {params.config} --eval {params.eval_dirs}"
+        "{resources.stage_python} -m stages.tables --config {params.config} --eval {params.eval_dirs}"
         " --train {params.train_dirs} --token-stats {params.token_dirs}"
         " --eval-steps {params.step_dirs} --overlap {params.overlap_dirs}"
         " --tables-dir {params.tables_dir} --figures-dir {params.figures_dir} 2>&1 | tee {log}"

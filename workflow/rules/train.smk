@@ -1,6 +1,3 @@
-from stages.keys import train_config_hash
-
-
 rule train:
     """Masked RLVR from one size's base model with one method and seed (DeepSpeed)."""
     input:
@@ -13,15 +10,14 @@ rule train:
         **({"checkpoints": directory(f"{train_dir('{size}', '{method}', '{seed}')}/checkpoints")}
            if CURVES else {}),
     params:
-        py=PY,
         config=CONFIG_FILE,
         out_dir=lambda w: train_dir(w.size, w.method, w.seed),
         # resume checkpoints: not an output, so Snakemake never deletes them; the job removes
         # them once its outputs are written
-        resume_dir=lambda w: f"{RESULTS}/resume/size={w.size}/method={w.method}/seed={w.seed}",
+        resume_dir=lambda w: PATHS.resume_dir(w.size, w.method, w.seed),
         # the result keys of what stages.train reads (stages.keys.train_result_config): an
         # operational edit (memory share, checkpoint cadence, label, GPUs) reruns nothing
-        config_hash=lambda w: train_config_hash(CFG, w.size, w.method),
+        job_hash=job_hash("train"),
     log:
         f"{RESULTS}/logs/train/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("train")
@@ -42,9 +38,9 @@ rule train:
     shell:
         # stages.launch checks each node's GPUs and starts the workers with torchrun: on this node,
         # or (train_nodes > 1, in SLURM) one torchrun agent per node through srun
-        "{params.py} -m stages.launch --gpus {resources.launch_gpus} --nodes {resources.nodes}"
+        "{resources.stage_python} -m stages.launch --gpus {resources.launch_gpus} --nodes {resources.nodes}"
         " --procs-per-node {resources.workers_per_node} --"
-        " {params.py} -m stages.train --config {params.config} --size {wildcards.size}"
+        " {resources.stage_python} -m stages.train --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --prompts {input.prompts} --out-dir {params.out_dir} --resume-dir {params.resume_dir}"
         " --threads {resources.worker_threads} 2>&1 | tee {log}"
