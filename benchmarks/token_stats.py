@@ -182,10 +182,10 @@ def main(argv: list[str] | None = None) -> None:
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    from stages.core.statistics import stats
+    from stages.core.statistics import blocks
 
-    cp = args.chunk_positions or stats.CHUNK_POSITIONS
-    cv = args.chunk_vocab or stats.CHUNK_VOCAB
+    cp = args.chunk_positions or blocks.CHUNK_POSITIONS
+    cv = args.chunk_vocab or blocks.CHUNK_VOCAB
     if args._worker == "group":
         print(json.dumps(group_worker(args.group_responses, args.group_steps, cp, cv,
                                       args.repeats)))

@@ -187,7 +187,7 @@ def check_agreement(dims: Dims, responses: int, response_tokens: int, rho: float
 
 def matmul_worker(dims: Dims, responses: int, response_tokens: int) -> dict:
     """The chunked logits matmul alone at every response position, in this (fresh) process."""
-    from stages.core.statistics.stats import CHUNK_POSITIONS, CHUNK_VOCAB
+    from stages.core.statistics.blocks import CHUNK_POSITIONS, CHUNK_VOCAB
 
     torch.manual_seed(0)
     weight = torch.randn(dims.vocab, dims.hidden)  # (V, D) as the tied embeddings

@@ -12,10 +12,14 @@ job's own Snakemake parse stay fast. The stage modules re-export them under thei
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .config import Config, Loss, Train, digest
+from pydantic import BaseModel, TypeAdapter
+
+from .config import Config, Loss, Method, ModelSize, Train, digest
 
 STAGE_VERSIONS: dict[str, str] = {
     "prepare_data": "1",
@@ -31,7 +35,9 @@ STAGE_VERSIONS: dict[str, str] = {
 (job_hash, each rule's `job_hash` parameter), so bumping it reruns that stage's jobs and what
 depends on them, and nothing else. Bump it in the commit whose code change changes what the stage
 computes (its numbers, columns or files); not for speed, memory, logging or messages, which
-rerun nothing. Say what changed in a comment beside the new number."""
+rerun nothing. Say what changed in a comment beside the new number, and rewrite
+tests/fixtures/job_hashes.json (python -m tests.test_job_hashes --write): its diff lists the jobs
+that will rerun. A new config key follows UNHASHED_AT_DEFAULT instead."""
 
 RULE_STAGES = {"evaluate_checkpoint": "evaluate"}
 """Rules whose stage has another name (every other rule runs the stage of its own name)."""
@@ -115,27 +121,98 @@ def engine_result(kwargs: dict) -> dict:
     return _without(kwargs, ENGINE_OPERATIONAL)
 
 
-LOSS_UNHASHED_AT_DEFAULT = ("policy_loss",)
-"""Result keys of train.loss that enter the hashes only when they differ from their defaults: they
-came after results existed, and at their defaults those results are exactly what they compute, so
-a config that leaves them out keeps the hashes (and resume states) it had."""
+UNHASHED_AT_DEFAULT: dict[tuple[type, str], str] = {
+    (Loss, "policy_loss"): "2026-11: its default, ppo_clip, is the clipped surrogate that every "
+                           "training before it computed",
+}
+"""The rule for a new result key: each key that came after results existed, by (the config model
+that holds it, its name), enters a hash only where it differs from its default, and its default
+computes exactly what the results made before it did. So adding a key keeps every finished job's
+hash (and resume state), and a config that sets it reruns what reads it. Every key added to the
+config from now on is listed here, with the date and why its default reproduces the old results
+(tests/test_keys.py fails for a key that is neither here nor in tests/fixtures/config_keys.txt,
+the keys that existed before this rule). A key whose default changes results instead needs the
+reading stages' versions bumped (STAGE_VERSIONS)."""
+
+PARTIAL_SECTIONS: dict[tuple[type, str], type] = {(ModelSize, "train"): Train, (Method, "train"): Train}
+"""Free-form fields that hold a partial section of another model (a size's or a method's changes
+to `train`)."""
 
 
-def loss_result(loss: dict) -> dict:
-    """train.loss (whole or partial) without the keys of LOSS_UNHASHED_AT_DEFAULT at their defaults."""
-    return {k: v for k, v in loss.items()
-            if not (k in LOSS_UNHASHED_AT_DEFAULT and v == Loss.model_fields[k].default)}
+def field_model(annotation: Any) -> tuple[type | None, bool]:
+    """(the config model a field holds, whether it holds a dict of them) for X, X | None and
+    dict[str, X]; (None, False) for anything else."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        return field_model(args[1])[0], True
+    for arg in args:  # a union
+        model, many = field_model(arg)
+        if model is not None:
+            return model, many
+    return None, False
+
+
+@functools.cache
+def default_json(model: type, key: str) -> Any:
+    """The default of `model`'s field `key` as the config's JSON dump writes it."""
+    field = model.model_fields[key]
+    return TypeAdapter(field.annotation).dump_python(field.get_default(call_default_factory=True),
+                                                     mode="json")
+
+
+def without_unhashed(model: type | None, value: Any) -> Any:
+    """`value`, a JSON dump of `model` (whole or partial), without the UNHASHED_AT_DEFAULT keys
+    that are at their defaults, at any depth."""
+    if model is None or not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        field = model.model_fields.get(key)
+        if field is None:  # a method's selector parameters, a free-form mapping's entries
+            out[key] = item
+            continue
+        if (model, key) in UNHASHED_AT_DEFAULT and item == default_json(model, key):
+            continue
+        partial = PARTIAL_SECTIONS.get((model, key))
+        inner, many = (partial, False) if partial else field_model(field.annotation)
+        kept = ({k: without_unhashed(inner, v) for k, v in item.items()}
+                if many and isinstance(item, dict) else without_unhashed(inner, item))
+        if kept == {} and item != {} and default_json(model, key) != {}:
+            continue  # a partial section that held only such keys says nothing
+        out[key] = kept
+    return out
+
+
+def model_at(parts: list[str]) -> tuple[type | None, bool]:
+    """(the config model of the config at a path, whether it is a dict of them): for
+    ['models', 'tiny-s', 'train'] (Train, False), for ['models'] (ModelSize, True); (None, False)
+    where no model holds it."""
+    model: type | None = Config
+    many = False
+    for part in parts:
+        if model is None:
+            return None, False
+        if many:  # a key of a dict of models
+            many = False
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None, False
+        partial = PARTIAL_SECTIONS.get((model, part))
+        model, many = (partial, False) if partial else field_model(field.annotation)
+    return model, many
 
 
 def train_section_result(section: dict) -> dict:
     """A training section (whole or partial) without its operational keys; its engine_kwargs
-    without the operational engine arguments; its loss as loss_result."""
+    without the operational engine arguments; without the UNHASHED_AT_DEFAULT keys at their
+    defaults."""
     out = _without(section, TRAIN_OPERATIONAL)
     if "engine_kwargs" in out:
         out["engine_kwargs"] = engine_result(out["engine_kwargs"])
-    if isinstance(out.get("loss"), dict):
-        out["loss"] = loss_result(out["loss"])
-    return out
+    return without_unhashed(Train, out)
 
 
 def model_result(model: dict) -> dict:
@@ -155,15 +232,18 @@ def result_value(cfg: Config, path: str) -> Any:
         value = value[part]
     parts = path.split("/")
     if parts[0] == "models" and len(parts) == 2:
-        return model_result(value)
-    if parts[-1] == "engine_kwargs":
-        return engine_result(value)
-    if parts in (["rollout"], ["evaluate"]):
-        return {**value, "engine_kwargs": engine_result(value["engine_kwargs"])}
-    if parts == ["train"] or (len(parts) == 3 and parts[0] in ("models", "methods")
-                              and parts[2] == "train"):
-        return train_section_result(value)
-    return value
+        value = model_result(value)
+    elif parts[-1] == "engine_kwargs":
+        value = engine_result(value)
+    elif parts in (["rollout"], ["evaluate"]):
+        value = {**value, "engine_kwargs": engine_result(value["engine_kwargs"])}
+    elif parts == ["train"] or (len(parts) == 3 and parts[0] in ("models", "methods")
+                                and parts[2] == "train"):
+        value = train_section_result(value)
+    model, many = model_at(parts)
+    if many and isinstance(value, dict):
+        return {k: without_unhashed(model, v) for k, v in value.items()}
+    return without_unhashed(model, value)
 
 
 def result_hash(cfg: Config, *paths: str) -> str:

@@ -59,9 +59,10 @@ from .core.common.io import ArtifactError, provenance, read_parquet, write_json,
 from .core.models.modeling import load_model_and_tokenizer
 from .core.report import plots
 from .core.report.reported import ICT_HIGH_LOW_RATIO, ICT_SELECTED_PROB, ICT_SOURCE
+from .core.statistics.ceiling import CEILING_RTOL
 from .core.statistics.scorer import DEVIATIONS, reference_key, self_weight, without_response
 from .core.statistics.scoring import stream_statistics
-from .core.statistics.stats import CEILING_RTOL, REFERENCE_FIELDS, at_ceiling, diverged_positions
+from .core.statistics.stats import REFERENCE_FIELDS, at_ceiling, diverged_positions
 from .core.training.losses import group_advantages
 from .core.training.selectors import (
     ICT_LABELS,

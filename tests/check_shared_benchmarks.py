@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stages.config import LocalSource
 from stages.core.data.adapters import AdapterError, load_local, read_records
-from stages.core.reward.grading import grade_many
+from stages.core.reward.registry import grade_many
 
 # (folder/file, adapter, fields, what we expect to see, from each PROVENANCE.md)
 FILES = [

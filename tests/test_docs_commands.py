@@ -289,7 +289,7 @@ def test_the_grader_example_grades_and_a_benchmark_can_name_it(science_examples)
     import yaml
 
     from stages.config import validate
-    from stages.core.reward.rewards import GRADERS
+    from stages.core.reward.registry import GRADERS
 
     raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     raw["selector_modules"] = ["my_graders.py"]

@@ -11,7 +11,7 @@ import yaml
 
 from stages.core.common.io import read_provenance
 from stages.core.data.problems import generate_arithmetic
-from stages.core.reward.grading import grade_many
+from stages.core.reward.registry import grade_many
 from stages.evaluate import METRIC_SCHEMA, SAMPLE_SCHEMA, config_keys, metric_rows
 from stages.keys import result_hash
 from tests.conftest import ROOT, run_stage, tiny_model, write_problems, write_yaml

@@ -17,17 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.core.reward import grading, workers
-from stages.core.reward.grading import (
-    Grade,
-    extract_answer,
-    fast_verdict,
-    grade,
-    grade_many,
-    is_correct,
-    last_boxed,
-    split_top_level,
-)
+from stages.core.reward import equivalence, workers
+from stages.core.reward.equivalence import fast_verdict, split_top_level
+from stages.core.reward.extraction import extract_answer, last_boxed
+from stages.core.reward.grades import Grade
+from stages.core.reward.registry import grade, grade_many, is_correct
 
 TIMEOUT = 1.0
 SLACK = 2.0  # the brief's bound: a grading returns within timeout + 2 s
@@ -321,7 +315,7 @@ MATRIX = "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"
     "\\begin{pmatrix}1&2\\\\ 3&4\\end{pmatrix}",
 ])
 def test_matrix_rows_survive_a_space_after_the_row_break(boxed):
-    assert grading.normalise(MATRIX) == MATRIX  # the row break "\\" is kept whole
+    assert equivalence.normalise(MATRIX) == MATRIX  # the row break "\\" is kept whole
     result = grade(f"So $\\boxed{{{boxed}}}$.", MATRIX, "math")
     assert result == Grade(True, boxed, None)
 
@@ -338,9 +332,9 @@ def test_a_different_matrix_is_wrong(boxed):
 
 
 def test_spacing_macros_still_go():
-    assert grading.normalise("11,\\! 111") == "11,111"
-    assert grading.normalise("2\\,\\text{cm}") == "2 \\text{cm}"
-    assert grading.normalise("a~b\\;c") == "a b c"
+    assert equivalence.normalise("11,\\! 111") == "11,111"
+    assert equivalence.normalise("2\\,\\text{cm}") == "2 \\text{cm}"
+    assert equivalence.normalise("a~b\\;c") == "a b c"
 
 
 def test_split_top_level_keeps_brackets_and_thousands():

@@ -310,7 +310,7 @@ def test_two_ranks_equal_one_process(tmp_path):
 def test_rounding_noise_below_the_floor_is_exactly_zero(dtype):
     """Two responses with the same context give the same distribution up to rounding: their u is
     noise, set to 0 below U_FLOOR_ULPS epsilons, so a ranking by u ties them at 0 (earliest first)."""
-    from stages.core.statistics.stats import U_FLOOR_ULPS
+    from stages.core.statistics.uniqueness import U_FLOOR_ULPS
 
     g = torch.Generator().manual_seed(4)
     base = torch.randn(1, 5, 7, generator=g, dtype=torch.float64)

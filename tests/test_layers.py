@@ -9,6 +9,8 @@ are exempt (they never run).
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,12 +33,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def is_shim(path: Path) -> bool:
-    """The old flat paths (stages/core/<name>.py), kept for this release as aliases."""
-    return path.parent == STAGES / "core" and path.name != "__init__.py"
-
-
-LIBRARY = sorted(p for p in STAGES.rglob("*.py") if not is_shim(p))
+LIBRARY = sorted(STAGES.rglob("*.py"))
 MODULES = {module_name(p) for p in LIBRARY}
 
 
@@ -103,7 +100,7 @@ def graph() -> dict[str, dict[str, int]]:
 
 def level(module: str) -> tuple[int, int]:
     """(tier, position): stages.core's subpackages in CORE_ORDER at tier 0 (stages.core itself,
-    which the checks skip, and its old-path aliases, which they refuse, have none); the config
+    which the checks skip, has none); the config
     and keys at tier 1; the stages above."""
     parts = module.split(".")
     if parts[:2] == ["stages", "core"] and len(parts) > 2:
@@ -131,11 +128,105 @@ def test_imports_run_one_way():
     assert not wrong, "\n".join(wrong)
 
 
+def old_paths() -> re.Pattern:
+    """The removed modules (stages.core.MOVED) as dotted names or file paths."""
+    from stages.core import MOVED
+
+    names = "|".join(re.escape(old).replace(r"\.", "[./]") for old in sorted(MOVED, key=len, reverse=True))
+    return re.compile(rf"\bstages[./]core[./](?:{names})(?![\w/])")
+
+
+LISTS_THEM = {"CHANGELOG.md", "stages/core/__init__.py", "tests/test_layers.py"}
+"""The files that name the old paths on purpose: the changelog, the table of where they went, and
+this test."""
+
+
+def test_no_file_names_an_old_path():
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout: {tracked.stderr.strip()}")
+    pattern, found = old_paths(), []
+    for name in tracked.stdout.splitlines():
+        path = ROOT / name
+        if name in LISTS_THEM or not path.is_file() or path.suffix in (".parquet", ".png", ".gguf"):
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {m[0]}" for m in pattern.finditer(text)]
+    assert not found, "\n".join(found)
+    # the pattern sees the forms an old path is written in, and not their new homes
+    assert all(pattern.search(t) for t in ("stages.core.stats", "stages/core/actor.py",
+                                          "from stages.core.reward.rewards import GRADERS"))
+    assert not any(pattern.search(t) for t in ("stages.core.statistics.stats", "stages.core.reward",
+                                               "stages/core/training/actor.py", "stages.core.io_x"))
+
+
 def test_the_library_imports_no_old_path():
-    olds = {module_name(p) for p in (STAGES / "core").glob("*.py") if is_shim(p)}
+    from stages.core import MOVED
+
+    olds = {f"stages.core.{old}" for old in MOVED}
     used = [f"{path.relative_to(ROOT)}:{line} imports {module}"
             for path in LIBRARY for line, module, _ in imports(path) if module in olds]
     assert not used, "\n".join(used)
+
+
+@pytest.mark.parametrize("statement, home", [
+    ("import stages.core.actor", "stages.core.training.actor"),
+    ("from stages.core import stats", "stages.core.statistics.stats"),
+    ("from stages.core.rewards import dapo_math", "scores.math_dapo: dapo_math"),
+    ("from stages.core.reward.grading import grade_many", "registry: grade, grade_many"),
+])
+def test_an_old_path_names_its_new_home(statement, home):
+    with pytest.raises(ModuleNotFoundError, match=re.escape(home)):
+        exec(statement, {})
+
+
+def test_a_selector_module_on_an_old_path_is_a_config_error_naming_the_new_one(tmp_path, test_raw):
+    from stages.config import ConfigError, validate
+
+    module = tmp_path / "mine.py"
+    module.write_text("from stages.core.selectors import register_selector\n")
+    test_raw["selector_modules"] = [str(module)]
+    with pytest.raises(ConfigError, match=r"selector_modules\.0: cannot import .*stages\.core\.training\.selectors"):
+        validate(test_raw, "mine.yaml")
+
+
+def module_settings(path: Path) -> set[str]:
+    """The numbers and flags a module assigns at its top level (its settings)."""
+    settings = set()
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        value = getattr(node, "value", None)
+        leaves = [n for n in ast.walk(value) if not isinstance(n, (ast.BinOp, ast.UnaryOp, ast.operator,
+                                                                  ast.unaryop))] if value else []
+        if leaves and all(isinstance(n, ast.Constant) and isinstance(n.value, (int, float))
+                          for n in leaves):  # 10, 2 ** 20, -1.5, True
+            settings |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return settings
+
+
+def test_no_module_re_exports_a_setting():
+    """A module re-exports functions, types and constants of meaning, never a number or flag that
+    another module reads: patching the copy would change nothing."""
+    by_module = {module_name(p): p for p in LIBRARY}
+    found = []
+    for path in LIBRARY:
+        tree = ast.parse(path.read_text())
+        names = {name for node in tree.body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name) and t.id == "__all__"
+                 for name in ast.literal_eval(node.value)}
+        for line, module, imported in imports(path):
+            home = by_module.get(module)
+            if home is not None and home != path:
+                found += [f"{path.relative_to(ROOT)}:{line} re-exports {module}.{n}"
+                          for n in imported if n in names and n in module_settings(home)]
+    assert not found, "\n".join(found)
+    assert {"PIECE_BYTES", "CACHE_BLOCKS", "CHUNK_POSITIONS"} <= module_settings(
+        STAGES / "core" / "statistics" / "blocks.py")
 
 
 def test_no_import_circles():

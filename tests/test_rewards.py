@@ -16,16 +16,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from stages.core.reward import registry as grader_registry
-from stages.core.reward.grading import Grade, grade, grade_many, verify_many
-from stages.core.reward.rewards import (
-    GRADERS,
-    INVALID,
-    DapoScore,
-    dapo_math,
-    normalize_dapo,
-    register_grader,
-    spec_of,
-)
+from stages.core.reward.graders.verify import verify_many
+from stages.core.reward.grades import Grade
+from stages.core.reward.registry import GRADERS, grade, grade_many, register_grader, spec_of
+from stages.core.reward.scores.math_dapo import INVALID, DapoScore, dapo_math, normalize_dapo
 
 FILLER = "Let me think step by step about this problem. " * 20  # 920 characters, no label
 
@@ -380,8 +374,8 @@ def test_verify_is_the_unchanged_default():
     assert all(g.score is None for g in expected)
 
 
-def test_rewards_imports_without_torch():
-    code = ("import sys; import stages.core.reward.rewards as r; "
+def test_the_grader_registry_imports_without_torch():
+    code = ("import sys; import stages.core.reward.registry as r; "
             "assert 'torch' not in sys.modules and 'sympy' not in sys.modules; print(sorted(r.GRADERS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['math_dapo', 'verify']"

@@ -352,7 +352,7 @@ def test_token_stats_readings_off(setup, rolled, tmp_path):
 
 def floor(u: list[float]) -> list[float]:
     """group_step_jsd's documented resolution in float64: u below U_FLOOR_ULPS epsilons is 0."""
-    from stages.core.statistics.stats import U_FLOOR_ULPS
+    from stages.core.statistics.uniqueness import U_FLOOR_ULPS
 
     eps = U_FLOOR_ULPS * torch.finfo(torch.float64).eps
     return [0.0 if x < eps else x for x in u]

@@ -14,8 +14,8 @@ from scipy.spatial.distance import jensenshannon
 from scipy.special import log_softmax, softmax
 from scipy.stats import entropy as scipy_entropy
 
+from stages.core.statistics.ceiling import CEILING_RTOL
 from stages.core.statistics.stats import (
-    CEILING_RTOL,
     LN2,
     at_ceiling,
     chunked_token_statistics,

@@ -142,8 +142,8 @@ def _register_test_grader() -> None:
     step's responses group by group (G even), so every group is half right whatever the model
     writes, and the advantages move the policy from the first step (an untrained model is never
     right, and its responses are too alike for a rule on their text to split them)."""
-    from stages.core.reward.grading import Grade
-    from stages.core.reward.rewards import GRADERS, register_grader
+    from stages.core.reward.grades import Grade
+    from stages.core.reward.registry import GRADERS, register_grader
 
     if "alternate" in GRADERS:
         return

@@ -230,7 +230,7 @@ def _check_save_signal(cfg: Config, size: str, method: str, train: Train) -> Non
 def _check_graders(cfg: Config) -> None:
     """Graders exist; a training dataset's scored grader gives the reward, so the config's own
     reward values (train.reward_correct / reward_incorrect) must be left unset."""
-    from ..core.reward.rewards import GRADERS
+    from ..core.reward.registry import GRADERS
 
     def known(key: str, name: str) -> None:
         if name not in GRADERS:

@@ -88,7 +88,7 @@ class Dataset(Strict):
         "(default train.max_response_tokens)")
     grader: Name = Field(
         "verify", description="how its responses are graded, for training rewards and evaluation "
-        "alike (a registered grader, stages.core.reward.rewards.GRADERS): verify = our extraction and "
+        "alike (a registered grader, stages.core.reward.registry.GRADERS): verify = our extraction and "
         "math-verify; math_dapo = verl's DAPO reward (+1/-1 on the 'Answer:' line)")
     reported_as: str | None = Field(
         None, description="benchmark: the papers' name for it (e.g. AIME'24), whose reported "

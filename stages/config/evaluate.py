@@ -32,7 +32,7 @@ class Evaluate(Strict):
         "(n = evaluate.n; the 80/20 paper's Acc@16 is avg@16, never pass@16)")
     graders: list[Name] = Field(
         default_factory=list, description="graders reported beside each benchmark's own "
-        "(datasets.<name>.grader), sample by sample (stages.core.reward.rewards.GRADERS)")
+        "(datasets.<name>.grader), sample by sample (stages.core.reward.registry.GRADERS)")
     curve_benchmarks: list[Name] | None = Field(
         None, description="benchmarks of the checkpoints saved every train.save_every steps "
         "(None: every experiment benchmark)")

@@ -8,9 +8,7 @@
   comparisons, and the worker processes that give math-verify a hard time limit;
 - graders/: the built-in graders, one module each (a new grader is one module there, or in a
   user's file named in selector_modules);
-- scores/: the reward functions, one module each (verl's math_dapo);
-- grading, rewards: the public names of the two modules these came from, gathered for
-  stages.core.grading and stages.core.rewards (old paths kept for this release).
+- scores/: the reward functions, one module each (verl's math_dapo).
 
 Importing this package registers the built-in graders. May import stages.core.common.
 (tests/test_layers.py checks the order.)

@@ -20,26 +20,23 @@ Every quantity is in nats:
 - :func:`diverged_positions`  the positions whose response prefix no other active response of the
   group shares
 
-Where the code lives (this module imports every public name from there):
+Where the code lives (this module imports its functions, and the constants LN2 and
+REFERENCE_FIELDS, from there; the settings that those modules read, such as the chunk sizes and
+tolerances, only their own module holds, so that a patch or a read reaches the value in use):
 
 - stages.core.statistics.blocks  the one implementation: block math, logit sources,
-  chunking (CHUNK_POSITIONS, CHUNK_VOCAB, CACHE_BLOCKS, PIECE_BYTES), LN2, jensen_shannon;
+  chunking (the settings CHUNK_POSITIONS, CHUNK_VOCAB, CACHE_BLOCKS, PIECE_BYTES), LN2,
+  jensen_shannon;
 - stages.core.statistics.per_token  token_statistics, chunked_token_statistics,
   distribution_sum, mean_distribution, jsd_to_mean;
 - stages.core.statistics.uniqueness  group_step_jsd, group_step_reference, REFERENCE_FIELDS,
-  mean_without, U_FLOOR_ULPS;
-- stages.core.statistics.ceiling  jsd_ceiling, at_ceiling, CEILING_RTOL, diverged_positions.
+  mean_without (the setting U_FLOOR_ULPS);
+- stages.core.statistics.ceiling  jsd_ceiling, at_ceiling, diverged_positions (the setting
+  CEILING_RTOL).
 """
 
-from stages.core.statistics.blocks import (
-    CACHE_BLOCKS,
-    CHUNK_POSITIONS,
-    CHUNK_VOCAB,
-    LN2,
-    PIECE_BYTES,
-    jensen_shannon,
-)
-from stages.core.statistics.ceiling import CEILING_RTOL, at_ceiling, diverged_positions, jsd_ceiling
+from stages.core.statistics.blocks import LN2, jensen_shannon
+from stages.core.statistics.ceiling import at_ceiling, diverged_positions, jsd_ceiling
 from stages.core.statistics.per_token import (
     chunked_token_statistics,
     distribution_sum,
@@ -49,16 +46,13 @@ from stages.core.statistics.per_token import (
 )
 from stages.core.statistics.uniqueness import (
     REFERENCE_FIELDS,
-    U_FLOOR_ULPS,
     group_step_jsd,
     group_step_reference,
     mean_without,
 )
 
 __all__ = [
-    "CACHE_BLOCKS", "CEILING_RTOL", "CHUNK_POSITIONS", "CHUNK_VOCAB", "LN2", "PIECE_BYTES",
-    "REFERENCE_FIELDS", "U_FLOOR_ULPS", "at_ceiling", "chunked_token_statistics",
-    "distribution_sum", "diverged_positions", "group_step_jsd", "group_step_reference",
-    "jensen_shannon", "jsd_ceiling", "jsd_to_mean", "mean_distribution", "mean_without",
-    "token_statistics",
+    "LN2", "REFERENCE_FIELDS", "at_ceiling", "chunked_token_statistics", "diverged_positions",
+    "distribution_sum", "group_step_jsd", "group_step_reference", "jensen_shannon", "jsd_ceiling",
+    "jsd_to_mean", "mean_distribution", "mean_without", "token_statistics",
 ]

@@ -47,8 +47,7 @@ The package, one module per source family, each a file to read top to bottom:
 A new adapter is one file: a function decorated with ``@register_adapter("name")`` (from this
 package or its ``base``) returning a ``Problem``. A built-in family is imported below, which fills
 the registry; a user's module is listed in ``selector_modules``. Every name the adapters had as one
-module is re-exported here, so ``stages.core.data.adapters.<name>`` (and the old
-``stages.core.adapters.<name>``) keep working.
+module is re-exported here, so ``stages.core.data.adapters.<name>`` keeps working.
 """
 
 from __future__ import annotations
@@ -87,7 +86,6 @@ from stages.core.data.adapters.competitions import (
 from stages.core.data.adapters.choice import (
     CHOICE_FIELDS,
     GPQA_FIELDS,
-    GPQA_SHUFFLE_SEED,
     MMLU_FIELDS,
     gpqa,
     labelled_choice,
@@ -121,7 +119,7 @@ __all__ = [
     "GSM8K_FIELDS", "gsm8k",
     "MATH_FIELDS", "MINERVA_FIELDS", "OLYMPIAD_FIELDS", "math_problem", "minerva", "olympiadbench",
     "AIME_FIELDS", "AIMO_AIME_FIELDS", "AMC_FIELDS", "aime", "amc",
-    "CHOICE_FIELDS", "GPQA_FIELDS", "GPQA_SHUFFLE_SEED", "MMLU_FIELDS", "gpqa", "labelled_choice",
+    "CHOICE_FIELDS", "GPQA_FIELDS", "MMLU_FIELDS", "gpqa", "labelled_choice",
     "mmlu", "option_order",
     "STRATEGYQA_FIELDS", "strategyqa",
     "DAPO_FIELDS", "DAPO_INSTRUCTION", "DAPO_PREFIX", "DAPO_SUFFIX", "VERL_FIELDS", "VERL_SUFFIX",
