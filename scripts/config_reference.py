@@ -82,12 +82,20 @@ def collect(model: type[BaseModel], path: str, found: dict) -> None:
             collect(sub, full + suffix, found)
 
 
+def own_first(model: type[BaseModel]) -> list:
+    """(name, field) of a model's keys: its own first, then those a base section gives it (a
+    source's `kind` and dataset before the adapter settings every source shares)."""
+    own = model.__dict__.get("__annotations__", {})
+    fields = list(model.model_fields.items())
+    return [f for f in fields if f[0] in own] + [f for f in fields if f[0] not in own]
+
+
 def section(model: type[BaseModel], paths: list[str]) -> list[str]:
     title = ", ".join(f"`{p}`" for p in paths) if paths != [""] else "Top level"
     doc = (model.__doc__ or "").strip().split("\n\n")[0]
     rows = [f"## {title}", "", f"{cell(doc)} (`{model.__name__}`)", "",
             "| key | type | default | description |", "| --- | --- | --- | --- |"]
-    for name, field in model.model_fields.items():
+    for name, field in own_first(model):
         rows.append(f"| `{name}` | `{cell(type_name(field.annotation))}` | `{cell(default_text(field))}` "
                     f"| {cell(field.description or '')} |")
     return [*rows, ""]

@@ -38,7 +38,22 @@ class GeneratedSource(Strict):
         return self
 
 
-class HubSource(Strict):
+class AdaptedSource(Strict):
+    """What a hub dataset and a local file share: the adapter that turns a record into a problem,
+    and which records to keep."""
+
+    adapter: str = Field(description="record adapter (stages.core.data.adapters.ADAPTERS)")
+    fields: dict[str, str] = Field(
+        default_factory=dict, description="adapter field -> record field, where names differ"
+    )
+    levels: list[int] | None = Field(None, description="keep only these difficulty levels")
+    limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
+    deduplicate: bool = Field(
+        False, description="keep the first record of each distinct question (DAPO-Math-17k's "
+        "common copy repeats every prompt 100 times)")
+
+
+class HubSource(AdaptedSource):
     """A Hugging Face dataset, read with datasets.load_dataset and normalised by an adapter."""
 
     kind: Literal["hub"] = "hub"
@@ -46,31 +61,13 @@ class HubSource(Strict):
     config: str | None = Field(None, description="dataset configuration name")
     split: str = Field("test", description="split to read")
     revision: str | None = Field(None, description="git revision of the dataset repository")
-    adapter: str = Field(description="record adapter (stages.core.data.adapters.ADAPTERS)")
-    fields: dict[str, str] = Field(
-        default_factory=dict, description="adapter field -> record field, where names differ"
-    )
-    levels: list[int] | None = Field(None, description="keep only these difficulty levels")
-    limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
-    deduplicate: bool = Field(
-        False, description="keep the first record of each distinct question (DAPO-Math-17k's "
-        "common copy repeats every prompt 100 times)")
 
 
-class LocalSource(Strict):
+class LocalSource(AdaptedSource):
     """A JSONL or Parquet file, normalised by an adapter."""
 
     kind: Literal["local"] = "local"
     path: str = Field(description="path of a .jsonl or .parquet file")
-    adapter: str = Field(description="record adapter (stages.core.data.adapters.ADAPTERS)")
-    fields: dict[str, str] = Field(
-        default_factory=dict, description="adapter field -> record field, where names differ"
-    )
-    levels: list[int] | None = Field(None, description="keep only these difficulty levels")
-    limit: int | None = Field(None, gt=0, description="keep only the first `limit` records")
-    deduplicate: bool = Field(
-        False, description="keep the first record of each distinct question (DAPO-Math-17k's "
-        "common copy repeats every prompt 100 times)")
 
 
 Source = Annotated[GeneratedSource | HubSource | LocalSource, Field(discriminator="kind")]
