@@ -90,7 +90,7 @@ def build_scratch(cfg: Config, size: str, sft_path: str, eval_path: str, out_dir
         "accuracy_sampled": sampled,
         "accuracy_greedy": greedy,
     }
-    prov = provenance("base_model", STAGE_VERSION, result_hash(cfg, *base_model_config_keys(size)),
+    prov = provenance("base_model", STAGE_VERSION, result_hash(cfg, *base_model_config_keys(cfg, size)),
                       seed, size=size)
     with atomic_dir(out_dir / "checkpoint") as tmp:
         model.save_pretrained(tmp)
@@ -118,7 +118,7 @@ def build_gguf(cfg: Config, size: str, out_dir: Path) -> dict:
     sha256 = sha256_file(path)
     source = {"package": spec.package, "distribution": dist, "version": version,
               "file": spec.file, "sha256": sha256}
-    prov = provenance("base_model", STAGE_VERSION, result_hash(cfg, *base_model_config_keys(size)),
+    prov = provenance("base_model", STAGE_VERSION, result_hash(cfg, *base_model_config_keys(cfg, size)),
                       cfg.seed, size=size, gguf=source)
     start = time.perf_counter()
     with atomic_dir(out_dir / "checkpoint") as tmp:
@@ -155,7 +155,7 @@ def main(args, cfg: Config) -> None:
     else:
         ref = {"kind": "hub", "model_id": spec.hub.model_id, "revision": spec.hub.revision}
         prov = provenance("base_model", STAGE_VERSION,
-                          result_hash(cfg, *base_model_config_keys(args.size)), cfg.seed, size=args.size)
+                          result_hash(cfg, *base_model_config_keys(cfg, args.size)), cfg.seed, size=args.size)
         summary = {"size": args.size, "source": "hub", **ref, "provenance": prov}
     write_json(out_dir / "summary.json", summary)
     write_json(out_dir / "base.json", ref)  # last: its presence means the stage finished

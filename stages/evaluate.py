@@ -205,7 +205,7 @@ def main(args, cfg: Config) -> None:
                                                       extracted=pl.Series(found, dtype=pl.String)),
                                    ev.k, ev.bootstrap, seed, grader=name)
         prov = provenance("evaluate", STAGE_VERSION,
-                          result_hash(cfg, *config_keys(args.size, bench, args.method)),
+                          result_hash(cfg, *config_keys(cfg, args.size, bench, args.method)),
                           seed, size=args.size, method=args.method, run_seed=args.seed, bench=bench,
                           backend=ev.backend, model=str(args.model), model_ref=model_ref)
         write_parquet(table, out / "samples.parquet", SAMPLE_SCHEMA, prov)

@@ -12,6 +12,7 @@ job's own Snakemake parse stay fast. The stage modules re-export them under thei
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import typing
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from .config import Config, Loss, Method, ModelSize, Train, digest
+from .config import Config, Loss, Method, ModelSize, Numerics, Train, digest
 
 STAGE_VERSIONS: dict[str, str] = {
     "prepare_data": "1",
@@ -133,6 +134,15 @@ config from now on is listed here, with the date and why its default reproduces 
 (tests/test_keys.py fails for a key that is neither here nor in tests/fixtures/config_keys.txt,
 the keys that existed before this rule). A key whose default changes results instead needs the
 reading stages' versions bumped (STAGE_VERSIONS)."""
+
+HASHED_ON_ARRIVAL: dict[tuple[type, str], str] = {
+    (Config, "numerics"): "2026-12: CPU jobs computed natively before; pinned to AVX2 (the "
+                          "default) they compute other bits on processors with AVX-512 or AMX, "
+                          "so the jobs that compute on CPUs run once more (numerics_keys)",
+    (Numerics, "cpu_isa"): "2026-12: as `numerics`",
+}
+"""The exception to UNHASHED_AT_DEFAULT: keys whose default does change results, and which enter
+the hashes of the jobs that read them from the day they came, with why."""
 
 PARTIAL_SECTIONS: dict[tuple[type, str], type] = {(ModelSize, "train"): Train, (Method, "train"): Train}
 """Free-form fields that hold a partial section of another model (a size's or a method's changes
@@ -258,16 +268,38 @@ BASE_MODEL_KEYS = ("source", "scratch", "sft", "hub", "gguf")
 model, how its SFT trains. Its GPUs, engines, training section and labels are the later stages'."""
 
 
-def base_model_config_keys(size: str) -> tuple[str, ...]:
+_NUMERICS_HASHED: contextvars.ContextVar[bool] = contextvars.ContextVar("numerics_hashed", default=True)
+"""False while legacy_config_hash computes the hashes of before `numerics` existed."""
+
+GPU_OF_RULE = {"overlap": "token_stats", "evaluate_checkpoint": "evaluate"}
+"""Rules whose GPUs are another rule's (models.<size>.gpus.<rule>)."""
+
+
+def numerics_keys(cfg: Config, rule: str, size: str) -> tuple[str, ...]:
+    """("numerics",) where a job of `rule` for `size` computes with torch on CPUs, whose code
+    paths `numerics` pins (a scratch or GGUF base model; a rollout, token-statistics, training,
+    evaluation or overlap job without GPUs); () elsewhere: a GPU job's numbers are its GPU's, and
+    a hub base model only names its weights."""
+    model = cfg.models[size]
+    if not _NUMERICS_HASHED.get():
+        return ()
+    if rule == "base_model":
+        return ("numerics",) if model.source in ("scratch", "gguf") else ()
+    return () if getattr(model.gpus, GPU_OF_RULE.get(rule, rule)) else ("numerics",)
+
+
+def base_model_config_keys(cfg: Config, size: str) -> tuple[str, ...]:
     """The parts of the config the base-model stage reads (its rule hashes the same ones)."""
-    return (*(f"models/{size}/{key}" for key in BASE_MODEL_KEYS), "seed")
+    return (*(f"models/{size}/{key}" for key in BASE_MODEL_KEYS), "seed",
+            *numerics_keys(cfg, "base_model", size))
 
 
 def rollout_config_keys(cfg: Config, size: str) -> tuple[str, ...]:
     """The parts of the config this stage reads (its rule hashes the same ones)."""
     return ("rollout", f"models/{size}", "seed", "train/reward_correct", "train/reward_incorrect",
             "experiment/train_datasets",
-            *(f"datasets/{d}/grader" for d in cfg.experiment.train_datasets))
+            *(f"datasets/{d}/grader" for d in cfg.experiment.train_datasets),
+            *numerics_keys(cfg, "rollout", size))
 
 
 REPORTED = {"entropy20": "entropy_top", "stapo": "stapo", "ict": "ict"}
@@ -296,7 +328,8 @@ def token_stats_config_hash(cfg: Config, size: str) -> str:
     selectors it reports (reported_params): a method added to the run reruns it only when it is
     the first of its selector with other parameters than the one it replaces."""
     return digest({**{p: result_value(cfg, p) for p in ("rollout", "token_stats",
-                                                        f"models/{size}", "seed")},
+                                                        f"models/{size}", "seed",
+                                                        *numerics_keys(cfg, "token_stats", size))},
                    "reported_params": reported_params(cfg)})
 
 
@@ -317,6 +350,7 @@ def train_result_config(cfg: Config, size: str, method: str) -> dict:
         section["max_sampling_rounds"] = job.max_sampling_rounds
         section["data_parallel_ranks"] = model.train_world() // job.sequence_parallel
     return {
+        **{key: result_value(cfg, key) for key in numerics_keys(cfg, "train", size)},
         "train": section,
         "method": _without(cfg.methods[method].model_dump(mode="json"),
                            {*METHOD_OPERATIONAL, "train"}),  # its train changes are in `train`
@@ -363,7 +397,7 @@ def config_key_name(key: str, size: str, method: str) -> str:
     return f"{where}.{rest}" if rest else where
 
 
-def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[str, ...]:
+def evaluate_config_keys(cfg: Config, size: str, bench: str, method: str = "base") -> tuple[str, ...]:
     """The parts of the config one evaluation reads (its rule hashes the same ones). The method
     and its training reach an evaluation only through the model file and its evaluation changes
     (methods.<m>.evaluate), the benchmark's source and template only through the problems file:
@@ -371,12 +405,12 @@ def evaluate_config_keys(size: str, bench: str, method: str = "base") -> tuple[s
     own = () if method == "base" else (f"methods/{method}/evaluate",)
     return (*(f"evaluate/{k}" for k in EVALUATE_KEYS), f"datasets/{bench}/role",
             f"datasets/{bench}/grader", f"models/{size}/tensor_parallel_size",
-            f"models/{size}/stop_tokens", "seed", *own)
+            f"models/{size}/stop_tokens", "seed", *own, *numerics_keys(cfg, "evaluate", size))
 
 
-def overlap_config_keys(size: str) -> tuple[str, ...]:
+def overlap_config_keys(cfg: Config, size: str) -> tuple[str, ...]:
     """The parts of the config this stage reads (its rule hashes the same ones)."""
-    return ("rollout/temperature", "token_stats", "seed")
+    return ("rollout/temperature", "token_stats", "seed", *numerics_keys(cfg, "overlap", size))
 
 
 def curve_benchmarks(cfg: Config) -> list[str]:
@@ -401,7 +435,7 @@ def config_hash_of(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
         ds = w["dataset"]
         return result_hash(cfg, f"datasets/{ds}", f"templates/{cfg.datasets[ds].template}", "seed")
     if rule == "base_model":
-        return result_hash(cfg, *base_model_config_keys(w["size"]))
+        return result_hash(cfg, *base_model_config_keys(cfg, w["size"]))
     if rule == "rollout":
         return result_hash(cfg, *rollout_config_keys(cfg, w["size"]))
     if rule == "token_stats":
@@ -411,9 +445,9 @@ def config_hash_of(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
     if rule in ("evaluate", "evaluate_checkpoint"):
         benches = cfg.experiment.benchmarks if rule == "evaluate" else curve_benchmarks(cfg)
         return result_hash(cfg, *dict.fromkeys(key for bench in benches for key in
-                                               evaluate_config_keys(w["size"], bench, w["method"])))
+                                               evaluate_config_keys(cfg, w["size"], bench, w["method"])))
     if rule == "overlap":
-        return result_hash(cfg, *overlap_config_keys(w["size"]))
+        return result_hash(cfg, *overlap_config_keys(cfg, w["size"]))
     if rule == "tables":
         return result_hash(cfg, *tables_config_keys(cfg))
     raise KeyError(f"no config hash for rule {rule!r}")
@@ -434,11 +468,17 @@ def job_hash_of(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
 
 def legacy_config_hash(cfg: Config, rule: str, w: Mapping[str, str]) -> str:
     """The `config_hash` parameter a job of `rule` had before job_hash replaced it (and before
-    the base model hashed only BASE_MODEL_KEYS): what a run finished then recorded, which
-    `snakemake --touch` compares when it brings that run's records up to date (stages.reruns)."""
+    the base model hashed only BASE_MODEL_KEYS, and before `numerics`): what a run finished then
+    recorded, which `snakemake --touch` compares when it brings that run's records up to date
+    (stages.reruns; a CPU job of then computed natively, so only numerics.cpu_isa 'native' may
+    take it over)."""
     if rule == "base_model":
         return result_hash(cfg, f"models/{w['size']}", "seed")
-    return config_hash_of(cfg, rule, w)
+    token = _NUMERICS_HASHED.set(False)  # those runs computed natively: `numerics` came later
+    try:
+        return config_hash_of(cfg, rule, w)
+    finally:
+        _NUMERICS_HASHED.reset(token)
 
 
 def checkpoint_name(step: int) -> str:

@@ -107,7 +107,7 @@ def main(args, cfg: Config) -> None:
     base = torch.tensor(tokens["entropy"].to_numpy(), dtype=torch.float32)
     trained = trained_entropy(cfg, args.model, frame)
     row = overlap_row(base, trained, rho)
-    prov = provenance("overlap", STAGE_VERSION, result_hash(cfg, *config_keys(args.size)), cfg.seed,
+    prov = provenance("overlap", STAGE_VERSION, result_hash(cfg, *config_keys(cfg, args.size)), cfg.seed,
                       size=args.size, method=args.method, run_seed=args.seed, model=str(args.model))
     write_parquet([row], args.out, OVERLAP_SCHEMA, prov)
     cli.log.info("%s/%s seed %d: top-%g entropy positions overlap %.1f%% (Jaccard %.3f) of %d",

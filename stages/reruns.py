@@ -40,6 +40,7 @@ from .keys import (
     differences,
     job_hash_of,
     legacy_config_hash,
+    numerics_keys,
     result_value,
     stage_of,
     train_result_config,
@@ -334,6 +335,9 @@ def touch_refusal(workflow, cfg: Config, job) -> str | None:
             continue
         if legacy not in recorded:
             return "it was made with other result keys than the config's now"
+        if "size" in w and numerics_keys(cfg, rule, w["size"]) and cfg.numerics.cpu_isa != "native":
+            return ("it computed on the CPU before numerics were pinned, natively: with "
+                    "numerics.cpu_isa 'native' it is kept, with 'avx2' it runs again")
         version = recorded_version(provenance_files(job))
         if version is not None and version != STAGE_VERSIONS[stage_of(rule)]:
             return (f"it was made by version {version!r} of the {stage_of(rule)} stage, and "

@@ -15,6 +15,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The tests compute as the workflow's jobs do under the shipped configs (numerics.cpu_isa 'avx2'):
+# set before torch, MKL or oneDNN start in this process, and inherited by every subprocess, so
+# that a stage started by a test needs no second start (stages.core.common.numerics.apply).
+os.environ.update({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+
 
 @pytest.fixture(scope="session")
 def root() -> Path:
@@ -86,13 +91,16 @@ def write_problems(path: Path, problems) -> Path:
 
 
 SITE_VARIABLES = ("SBATCH_PARTITION", "SBATCH_ACCOUNT", "SBATCH_QOS", "ICT_GPU_PARTITION")
+NUMERICS_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+"""Left out of a workflow run's environment: the workflow sets them for its jobs itself."""
 
 
 def workflow_env(**extra: str) -> dict[str, str]:
-    """The environment a workflow run gets in the tests: offline, no site settings of the caller."""
+    """The environment a workflow run gets in the tests: offline, no site settings of the caller,
+    and none of the numerics settings, which the workflow gives its jobs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    for var in SITE_VARIABLES:
+    for var in SITE_VARIABLES + NUMERICS_VARIABLES:
         env.pop(var, None)
     return {**env, **extra}
 

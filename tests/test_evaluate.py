@@ -124,7 +124,7 @@ def test_stage_writes_consistent_samples_and_metrics(stage):
     assert prov["model_ref"] == {"kind": "scratch", "path": "checkpoint"}
     from stages.config import load_config
 
-    assert prov["config_hash"] == result_hash(load_config(cfg), *config_keys("tiny-s", "arith-easy"))
+    assert prov["config_hash"] == result_hash(load_config(cfg), *config_keys(load_config(cfg), "tiny-s", "arith-easy"))
     # the hive keys come from the path: one scan reads every evaluation as one table
     table = pl.scan_parquet(d / "eval" / "**" / "metrics.parquet", hive_partitioning=True).collect()
     assert {"size", "method", "seed", "bench", "metric", "value"} <= set(table.columns)
@@ -169,10 +169,10 @@ def test_a_method_may_lengthen_its_evaluations(stage, tmp_path):
     raw["methods"]["grpo"]["evaluate"] = {"max_new_tokens": 3}
     longer = validate(raw, "x")
     assert (max_new_tokens(longer, "grpo"), max_new_tokens(longer, "base")) == (3, 10)
-    assert result_hash(longer, *config_keys("tiny-s", "arith-easy", "grpo")) != \
-        result_hash(base, *config_keys("tiny-s", "arith-easy", "grpo"))
-    assert result_hash(longer, *config_keys("tiny-s", "arith-easy")) == \
-        result_hash(base, *config_keys("tiny-s", "arith-easy"))
+    assert result_hash(longer, *config_keys(longer, "tiny-s", "arith-easy", "grpo")) != \
+        result_hash(base, *config_keys(base, "tiny-s", "arith-easy", "grpo"))
+    assert result_hash(longer, *config_keys(longer, "tiny-s", "arith-easy")) == \
+        result_hash(base, *config_keys(base, "tiny-s", "arith-easy"))
     in_process(d, write_yaml(tmp_path / "m.yaml", raw), tmp_path / "out", method="grpo",
                model=d / "base.json")
     assert pl.read_parquet(tmp_path / "out" / "samples.parquet")["response_tokens"].max() <= 3
@@ -183,14 +183,15 @@ def test_config_keys_ignore_the_table_layout(stage):
 
     d, cfg = stage
     raw = yaml.safe_load(cfg.read_text())
-    base = result_hash(load_config(cfg), *config_keys("tiny-s", "arith-easy"))
+    base_cfg = load_config(cfg)
+    base = result_hash(base_cfg, *config_keys(base_cfg, "tiny-s", "arith-easy"))
     raw["evaluate"]["main_methods"] = ["grpo"]  # table layout
     raw["methods"]["ict"]["rho"] = 0.2  # reaches the evaluation through the trained model file
     raw["datasets"]["arith-easy"]["label"] = "Easy"
     raw["train"]["lr"] = 1.0
-    assert result_hash(validate(raw, "x"), *config_keys("tiny-s", "arith-easy")) == base
+    assert result_hash(validate(raw, "x"), *config_keys(base_cfg, "tiny-s", "arith-easy")) == base
     raw["evaluate"]["temperature"] = 0.7
-    assert result_hash(validate(raw, "x"), *config_keys("tiny-s", "arith-easy")) != base
+    assert result_hash(validate(raw, "x"), *config_keys(base_cfg, "tiny-s", "arith-easy")) != base
 
 
 def in_process(d, cfg, out, method="base", bench="arith-easy", model=None, data=None):

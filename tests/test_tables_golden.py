@@ -2,7 +2,7 @@
 
 The inputs are test_tables.py's synthetic evaluations, training curves and token statistics,
 written under a temporary folder and named by relative paths (the CSVs and notes print them), with
-a fixed git commit in their provenance (sources.csv prints it). The config is the frozen
+a fixed git commit and processor in their provenance (sources.csv prints them). The config is the frozen
 tables_golden/config.yaml, so that edits to config/config.yaml do not move the goldens.
 
 A change to a table that is meant regenerates them (then review `git diff tests/fixtures`):
@@ -42,6 +42,11 @@ def rendered(tmp_path, monkeypatch) -> Path:
         GOLDEN.mkdir(parents=True, exist_ok=True)
         write_yaml(CONFIG, config(base))
     monkeypatch.setattr(io, "git_commit", lambda: "golden")
+    # the processor that wrote the inputs, whichever runs the test
+    monkeypatch.setattr(io.numerics, "record", lambda: {
+        "processor": {"model": "golden", "extensions": ["avx2"]},
+        "settings": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "threads": 2})
     monkeypatch.chdir(tmp_path)
     _, args = build(Path("."), yaml.safe_load(CONFIG.read_text()))
     proc = run_stage("tables", "--config", str(CONFIG), "--eval", *args.eval, "--train", *args.train,

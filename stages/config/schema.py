@@ -15,6 +15,7 @@ from .evaluate import Evaluate
 from .experiment import Experiment
 from .methods import Method
 from .models import ModelSize
+from .numerics import Numerics
 from .resources import Resources
 from .rollout import Rollout
 from .token_stats import TokenStats
@@ -40,6 +41,7 @@ class Config(Strict):
     evaluate: Evaluate = Field(default_factory=Evaluate)
     resources: Resources = Field(default_factory=Resources)
     cost: Cost = Field(default_factory=Cost)
+    numerics: Numerics = Field(default_factory=Numerics)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Config:

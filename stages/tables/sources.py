@@ -1,5 +1,6 @@
-"""Every input file read, with its provenance: stage, version, config hash, seed and git commit
-(sources.csv; the tables' notes and CSVs point here)."""
+"""Every input file read, with its provenance: stage, version, config hash, seed, git commit, and
+the processor, CPU settings and threads that computed it (sources.csv; the tables' notes and
+CSVs point here)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,28 @@ from .registry import register_table
 from .write import write_csv
 
 
+def numerics_columns(prov: dict) -> dict:
+    """The processor, the three CPU settings ('native' where none was set) and the threads of
+    a provenance record (None where the record predates them)."""
+    num = prov.get("numerics") or {}
+    settings = num.get("settings")
+    return {"processor": (num.get("processor") or {}).get("model"),
+            "cpu_settings": None if settings is None else (
+                " ".join(f"{k}={v}" for k, v in settings.items() if v is not None) or "native"),
+            "threads": num.get("threads")}
+
+
 def sources_frame(paths: list[str]) -> pl.DataFrame:
     rows = []
     for p in sorted(set(paths)):
         prov = read_provenance(p)
         rows.append({"file": p, "stage": prov.get("stage"), "stage_version": prov.get("stage_version"),
                      "config_hash": prov.get("config_hash"), "seed": prov.get("seed"),
-                     "git_commit": prov.get("git_commit")})
+                     "git_commit": prov.get("git_commit"), **numerics_columns(prov)})
     return pl.DataFrame(rows, schema={"file": pl.String, "stage": pl.String, "stage_version": pl.String,
-                                      "config_hash": pl.String, "seed": pl.Int64, "git_commit": pl.String})
+                                      "config_hash": pl.String, "seed": pl.Int64, "git_commit": pl.String,
+                                      "processor": pl.String, "cpu_settings": pl.String,
+                                      "threads": pl.Int64})
 
 
 @register_table("sources", order=90, files=lambda cfg: ["sources.csv"])

@@ -19,4 +19,4 @@ rule base_model:
         **job_resources("base_model"),
     shell:
         "{resources.stage_python} -m stages.base_model --config {params.config} --size {wildcards.size}"
-        " {params.data} --out-dir {params.out_dir} --threads {threads} 2>&1 | tee {log}"
+        " {params.data} --out-dir {params.out_dir} --threads {resources.cpus_per_task} 2>&1 | tee {log}"

@@ -6,6 +6,7 @@ import yaml
 from snakemake_interface_executor_plugins.settings import ExecMode
 
 from stages import reruns
+from stages.core.common import numerics
 from stages.config import ConfigError, Gpus, validate
 from stages.keys import checkpoint_steps, job_hash_of, save_signal_option
 from stages.keys import curve_benchmarks as keys_curve_benchmarks
@@ -52,6 +53,12 @@ try:
 except ConfigError as err:
     print(f"warning: no cost plan, so the profile's retries apply to training: {err}", file=sys.stderr)
     TRAIN_RETRIES = None
+
+# The code paths of CPU jobs (numerics.cpu_isa): into the environment every job inherits, locally
+# and through sbatch, before any job's libraries start (stages.core.common.numerics).
+for var in numerics.PINNED:
+    os.environ.pop(var, None)
+os.environ.update(numerics.settings(CFG.numerics.cpu_isa))
 
 RESULTS = f"results/{CFG.run}"
 PATHS = RunPaths(RESULTS)
@@ -188,7 +195,9 @@ def job_runtime(rule, wildcards, attempt):
 
 
 def job_threads(rule):
-    """`threads:` of a rule: its CPUs from the config (Snakemake caps them at --cores locally)."""
+    """`threads:` of a rule: its CPUs from the config, which Snakemake caps at --cores locally to
+    schedule it. A stage's own threads are resources.cpus_per_task, the config's uncapped: --cores
+    says how many jobs run at once, never a job's numbers."""
     return lambda wildcards: job_request(rule, wildcards).cpus
 
 

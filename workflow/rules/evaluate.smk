@@ -24,4 +24,4 @@ rule evaluate:
         "{resources.stage_python} -m stages.evaluate --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --bench {params.benches} --data {input.data} --out-dir {params.out_dirs}"
-        " --threads {threads} 2>&1 | tee {log}"
+        " --threads {resources.cpus_per_task} 2>&1 | tee {log}"

@@ -19,4 +19,4 @@ rule overlap:
         "{resources.stage_python} -m stages.overlap --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"
         " --rollouts {input.rollouts} --tokens {input.tokens} --out {output}"
-        " --threads {threads} 2>&1 | tee {log}"
+        " --threads {resources.cpus_per_task} 2>&1 | tee {log}"

@@ -16,5 +16,5 @@ rule rollout:
         **job_resources("rollout"),
     shell:
         "{resources.stage_python} -m stages.rollout --config {params.config} --size {wildcards.size}"
-        " --model {input.model} --prompts {input.prompts} --out {output} --threads {threads}"
+        " --model {input.model} --prompts {input.prompts} --out {output} --threads {resources.cpus_per_task}"
         " 2>&1 | tee {log}"

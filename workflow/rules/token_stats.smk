@@ -26,4 +26,4 @@ rule token_stats:
     shell:
         "{resources.stage_python} -m stages.token_stats --config {params.config} --size {wildcards.size}"
         " --model {input.model} --rollouts {input.rollouts} --out-dir {params.out_dir}"
-        " --threads {threads} 2>&1 | tee {log}"
+        " --threads {resources.cpus_per_task} 2>&1 | tee {log}"

@@ -33,8 +33,10 @@ rule train:
         # (train_processes), on each node
         launch_gpus=lambda w: CFG.models[w.size].gpus.train,
         workers_per_node=lambda w: CFG.models[w.size].train_processes_per_node(),
-        # torch threads of each worker: the node's CPUs (the job's threads) shared by its workers
-        worker_threads=lambda w, threads: max(1, threads // CFG.models[w.size].train_processes_per_node()),
+        # torch threads of each worker: the node's CPUs (resources.train.cpus) shared by its
+        # workers; from the config, never from --cores, which only says how many jobs run at once
+        worker_threads=lambda w: max(1, job_request("train", w).cpus
+                                     // CFG.models[w.size].train_processes_per_node()),
     shell:
         # stages.launch checks each node's GPUs and starts the workers with torchrun: on this node,
         # or (train_nodes > 1, in SLURM) one torchrun agent per node through srun

@@ -23,6 +23,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stages.core.common import numerics
+
 PROVENANCE_KEY = b"ict_rlvr.provenance"
 TRACKED_PACKAGES = (
     "ict-rlvr", "torch", "transformers", "tokenizers", "datasets", "polars", "pyarrow",
@@ -60,7 +62,8 @@ def git_commit() -> str:
 
 
 def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **extra: Any) -> dict:
-    """The provenance record stored with every artifact. No timestamps: same inputs, same bytes."""
+    """The provenance record stored with every artifact. No timestamps: same inputs, same bytes
+    (on the same processor: `numerics` names it, the three settings and the threads)."""
     return {
         "stage": stage,
         "stage_version": stage_version,
@@ -68,6 +71,7 @@ def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **ex
         "seed": seed,
         "git_commit": git_commit(),
         "packages": package_versions(),
+        "numerics": numerics.record(),
         **extra,
     }
 
