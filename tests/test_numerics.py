@@ -111,7 +111,7 @@ BASE_MODEL_SHA256 = {
     # oneMKL documents as the same on every Intel processor with AVX2
     ("GenuineIntel", None): "d4a5cc363511fa6b1940a3e4038616c9bbfe83a2016b62cb2510be0923fbd992",
     # an AMD EPYC Zen 4 (family 25, model 17), 2026-12, the same three settings, at commit c085e4f
-    # (../shared/data/numerics/zen4-avx2-pinned.json); MKL runs its AUTO branch there, which no
+    # (a run made for this comparison); MKL runs its AUTO branch there, which no
     # document promises for other AMD processors, so the check is for that model alone
     ("AuthenticAMD", "25/17"): "f5fe4cc902e512f8c1c7df446d64d3655694c6c8b10430bee9e7bd49fec606de",
 }

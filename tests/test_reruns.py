@@ -349,15 +349,22 @@ def test_touch_brings_a_run_recorded_before_job_hashes_up_to_date(finished, pre_
                                                                    tmp_path, test_raw):
     """The old workflow's own --touch records the run as it recorded every run (the interpreter
     and the result keys' hash as parameters); the new one then lists every job, and its --touch,
-    after checking each, leaves nothing to do and every file's content as it was."""
+    after checking each, leaves nothing to do and every file's content as it was. A run of then
+    computed natively on the CPU (numerics came later), so only numerics.cpu_isa 'native' keeps
+    its CPU jobs."""
     old = pre_job_hash_workflow / "Snakefile"
-    cfg = str(ROOT / "config" / "test.yaml")
-    assert jobs(snakemake(finished, "--touch", "--cores", "1", "--configfile", cfg, snakefile=old))
+    raw = json.loads(json.dumps(test_raw))
+    raw["numerics"] = {"cpu_isa": "native"}
+    cfg = str(write_yaml(tmp_path / "native.yaml", raw))
+    test_cfg = str(ROOT / "config" / "test.yaml")  # the old workflow knows no `numerics`
+    assert jobs(snakemake(finished, "--touch", "--cores", "1", "--configfile", test_cfg, snakefile=old))
     contents_before = contents(snapshot(finished / "results"))
     assert jobs(snakemake(finished, "-n", "--configfile", cfg))["train"] == 2  # every job
-    # a result key edited since: refused, touching nothing
-    doubled = str(config_with(test_raw, tmp_path, "lr", lr=2e-4))
+    # the CPU numerics pinned, or a result key edited since: refused, touching nothing
     before = snapshot(finished / "results")
+    pinned = snakemake(finished, "--touch", "--cores", "1", "--configfile", test_cfg)
+    assert pinned.returncode != 0 and "before numerics were pinned" in pinned.stderr, pinned.stderr[-2000:]
+    doubled = str(config_with(raw, tmp_path, "lr", lr=2e-4))
     refused = snakemake(finished, "--touch", "--cores", "1", "--configfile", doubled)
     assert refused.returncode != 0 and "nothing was touched" in refused.stderr
     assert "train {'size': 'tiny-s', 'method': 'ict', 'seed': '0'}: it was made with other result keys" in refused.stderr
