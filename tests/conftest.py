@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The tests compute as the workflow's jobs do under the shipped configs (numerics.cpu_isa 'avx2'):
 # set before torch, MKL or oneDNN start in this process, and inherited by every subprocess, so
 # that a stage started by a test needs no second start (stages.core.common.numerics.apply).
-os.environ.update({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+os.environ.update({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"})
 
 
 @pytest.fixture(scope="session")

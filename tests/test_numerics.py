@@ -17,7 +17,7 @@ from stages.core.common.io import read_provenance
 from stages.keys import job_hash_of, numerics_keys
 from tests.conftest import ROOT
 
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def test_the_settings_of_each_choice():
@@ -25,7 +25,7 @@ def test_the_settings_of_each_choice():
     env = {"PATH": "/bin", "MKL_CBWR": "AVX512"}
     assert numerics.environment("avx2", env) == {"PATH": "/bin", **PINNED}
     assert numerics.environment("native", {**env, **PINNED}) == {"PATH": "/bin"}
-    assert numerics.in_effect({"MKL_CBWR": "AVX2"}) == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": "AVX2",
+    assert numerics.in_effect({"MKL_CBWR": "AVX2,STRICT"}) == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": "AVX2,STRICT",
                                                         "ONEDNN_MAX_CPU_ISA": None}
 
 

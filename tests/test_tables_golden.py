@@ -45,7 +45,7 @@ def rendered(tmp_path, monkeypatch) -> Path:
     # the processor that wrote the inputs, whichever runs the test
     monkeypatch.setattr(io.numerics, "record", lambda: {
         "processor": {"model": "golden", "extensions": ["avx2"]},
-        "settings": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "settings": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
         "threads": 2})
     monkeypatch.chdir(tmp_path)
     _, args = build(Path("."), yaml.safe_load(CONFIG.read_text()))

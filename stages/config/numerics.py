@@ -11,11 +11,12 @@ from .base import Strict
 
 class Numerics(Strict):
     """How CPU jobs compute. Pinned to AVX2 (by default), the embedded default gives the same
-    bits on every x86-64 processor with AVX2; `native` lets each library take the processor's
-    widest vector unit (faster where it has AVX-512 or AMX, and other numbers)."""
+    bits on the processors of one vendor; `native` lets each library take the processor's widest
+    vector unit (faster where it has AVX-512 or AMX, and other numbers)."""
 
     cpu_isa: Literal["avx2", "native"] = Field(
-        "avx2", description="avx2: ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2 and "
+        "avx2", description="avx2: ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2,STRICT and "
         "ONEDNN_MAX_CPU_ISA=AVX2 in every job's environment, so that a CPU job computes the same "
-        "bits on any x86-64 processor with AVX2; native: none of them (each library's widest "
-        "path). A result key of the jobs that compute on CPUs (a change reruns them)")
+        "bits on the x86-64 processors of one vendor (MKL honours MKL_CBWR on Intel's alone); "
+        "native: none of them (each library's widest path). A result key of the jobs that "
+        "compute on CPUs (a change reruns them)")

@@ -7,8 +7,10 @@ processor to processor. Three settings, read by each library when it starts, pin
 to AVX2, which every x86-64 processor since about 2015 has (config key numerics.cpu_isa):
 
 - ATEN_CPU_CAPABILITY=avx2: PyTorch's vectorised kernels (its CPU dispatch);
-- MKL_CBWR=AVX2: MKL's conditional numerical reproducibility, the AVX2 code path (BLAS and VML:
-  torch.exp on float32 gives other last bits under MKL_CBWR=AVX512, seen on an Intel Xeon);
+- MKL_CBWR=AVX2,STRICT: MKL's conditional numerical reproducibility, the AVX2 code path (BLAS and
+  VML: torch.exp on float32 gives other last bits under MKL_CBWR=AVX512, seen on an Intel Xeon),
+  strict: without it a product's bits depend on its operands' alignment in memory (the chunked
+  head's statistics then differed from the same logits' read whole, seen on the Xeon);
 - ONEDNN_MAX_CPU_ISA=AVX2: oneDNN (no AVX-512, no AMX).
 
 The workflow puts them into the environment of every job (workflow/rules/common.smk), before any
@@ -31,7 +33,7 @@ import functools
 import os
 import sys
 
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 """The environment of numerics.cpu_isa 'avx2'."""
 
 CPU_ISAS = {"avx2": PINNED, "native": {}}
