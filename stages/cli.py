@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from .config import Config, ConfigError, load_config
-from .core.common import numerics
+from .core.common import environment, numerics
 from .core.common.io import ArtifactError
 
 log = logging.getLogger("stages")
@@ -35,6 +35,7 @@ def run(main: Callable[[argparse.Namespace, Config], None], p: argparse.Argument
     try:
         cfg = load_config(args.config)
         numerics.apply(cfg.numerics.cpu_isa)  # by hand: starts again with the settings
+        environment.check()  # a warning where the installed packages are not the lock's
         if args.threads:
             import torch
 

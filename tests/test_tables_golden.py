@@ -47,6 +47,7 @@ def rendered(tmp_path, monkeypatch) -> Path:
         "processor": {"model": "golden", "extensions": ["avx2"]},
         "settings": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
         "threads": 2})
+    monkeypatch.setattr(io.environment, "record", lambda: {"lock": "locks/cpu.txt", "sha256": "0" * 64})
     monkeypatch.chdir(tmp_path)
     _, args = build(Path("."), yaml.safe_load(CONFIG.read_text()))
     proc = run_stage("tables", "--config", str(CONFIG), "--eval", *args.eval, "--train", *args.train,

@@ -1,6 +1,6 @@
 """Every input file read, with its provenance: stage, version, config hash, seed, git commit, and
 the processor, CPU settings and threads that computed it (sources.csv; the tables' notes and
-CSVs point here)."""
+CSVs point here), and the lock of the environment it was computed in."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from .write import write_csv
 
 
 def numerics_columns(prov: dict) -> dict:
-    """The processor, the three CPU settings ('native' where none was set) and the threads of
-    a provenance record (None where the record predates them)."""
+    """The processor, the three CPU settings ('native' where none was set), the threads and the
+    environment's lock (name and sha256) of a provenance record (None where the record predates
+    them)."""
     num = prov.get("numerics") or {}
     settings = num.get("settings")
     return {"processor": (num.get("processor") or {}).get("model"),
             "cpu_settings": None if settings is None else (
                 " ".join(f"{k}={v}" for k, v in settings.items() if v is not None) or "native"),
-            "threads": num.get("threads")}
+            "threads": num.get("threads"),
+            "lock": None if not prov.get("lock") else f"{prov['lock']['lock']} {prov['lock']['sha256'][:12]}"}
 
 
 def sources_frame(paths: list[str]) -> pl.DataFrame:
@@ -37,7 +39,7 @@ def sources_frame(paths: list[str]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"file": pl.String, "stage": pl.String, "stage_version": pl.String,
                                       "config_hash": pl.String, "seed": pl.Int64, "git_commit": pl.String,
                                       "processor": pl.String, "cpu_settings": pl.String,
-                                      "threads": pl.Int64})
+                                      "threads": pl.Int64, "lock": pl.String})
 
 
 @register_table("sources", order=90, files=lambda cfg: ["sources.csv"])

@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.core.common import numerics
+from stages.core.common import environment, numerics
 
 PROVENANCE_KEY = b"ict_rlvr.provenance"
 TRACKED_PACKAGES = (
@@ -63,7 +63,8 @@ def git_commit() -> str:
 
 def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **extra: Any) -> dict:
     """The provenance record stored with every artifact. No timestamps: same inputs, same bytes
-    (on the same processor: `numerics` names it, the three settings and the threads)."""
+    (on the same processor: `numerics` names it, the three settings and the threads), from the
+    environment's lock (`lock`: its name and sha256)."""
     return {
         "stage": stage,
         "stage_version": stage_version,
@@ -72,6 +73,7 @@ def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **ex
         "git_commit": git_commit(),
         "packages": package_versions(),
         "numerics": numerics.record(),
+        "lock": environment.record(),
         **extra,
     }
 
