@@ -16,9 +16,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 # The tests compute as the workflow's jobs do under the shipped configs (numerics.cpu_isa 'avx2'):
-# set before torch, MKL or oneDNN start in this process, and inherited by every subprocess, so
+# set before torch or MKL start in this process, and inherited by every subprocess, so
 # that a stage started by a test needs no second start (stages.core.common.numerics.apply).
-os.environ.update({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+os.environ.update({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"})
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +91,7 @@ def write_problems(path: Path, problems) -> Path:
 
 
 SITE_VARIABLES = ("SBATCH_PARTITION", "SBATCH_ACCOUNT", "SBATCH_QOS", "ICT_GPU_PARTITION")
-NUMERICS_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+NUMERICS_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR")
 """Left out of a workflow run's environment: the workflow sets them for its jobs itself."""
 
 

@@ -17,7 +17,7 @@ from stages.core.common.io import read_provenance
 from stages.keys import job_hash_of, numerics_keys
 from tests.conftest import ROOT
 
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
 
 
 def test_the_settings_of_each_choice():
@@ -25,8 +25,8 @@ def test_the_settings_of_each_choice():
     env = {"PATH": "/bin", "MKL_CBWR": "AVX512"}
     assert numerics.environment("avx2", env) == {"PATH": "/bin", **PINNED}
     assert numerics.environment("native", {**env, **PINNED}) == {"PATH": "/bin"}
-    assert numerics.in_effect({"MKL_CBWR": "AVX2,STRICT"}) == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": "AVX2,STRICT",
-                                                        "ONEDNN_MAX_CPU_ISA": None}
+    assert numerics.in_effect({"MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}) == {
+        "ATEN_CPU_CAPABILITY": None, "MKL_CBWR": "AVX2,STRICT"}
 
 
 def test_the_record_names_the_processor_and_what_ran():
@@ -110,11 +110,16 @@ BASE_MODEL_SHA256 = {
     # an Intel Xeon (AVX-512, AMX), 2026-12-06, numerics.cpu_isa avx2: MKL's AVX2 branch, strict,
     # which oneMKL documents as the same on every Intel processor with AVX2
     ("GenuineIntel", None): "eb3b302604f8019c3ad22e8171dc22d5477300cf350309ccb75b69d8809787cc",
+    # an AMD EPYC Zen 4 (family 25, model 17; AVX-512), 2026-12-06, numerics.cpu_isa avx2, strict:
+    # the same bits as this Zen 4's earlier run with MKL_CBWR=AVX2 and ONEDNN_MAX_CPU_ISA=AVX2, not
+    # strict (commit c085e4f), as MKL runs its own branch on AMD whatever MKL_CBWR says. Zen 4 only:
+    # no other AMD processor has run it pinned
+    ("AuthenticAMD", "25/17"): "f5fe4cc902e512f8c1c7df446d64d3655694c6c8b10430bee9e7bd49fec606de",
 }
 """The embedded default's base model (config/config.yaml: its SFT on two threads), pinned, by the
 processor: MKL honours MKL_CBWR=AVX2 on Intel processors only (stages.core.common.numerics), so
-Intel and AMD compute different bits. None is recorded for AMD: the one AMD run pinned (a Zen 4)
-set MKL_CBWR=AVX2 without STRICT, and no AMD processor was at hand to run it again."""
+Intel and AMD compute different bits. For AMD, one model's (Zen 4): MKL's own choice of branch
+there may differ between AMD generations, and no other has run it."""
 
 
 def recorded_base_model() -> str | None:

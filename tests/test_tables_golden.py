@@ -45,7 +45,7 @@ def rendered(tmp_path, monkeypatch) -> Path:
     # the processor that wrote the inputs, whichever runs the test
     monkeypatch.setattr(io.numerics, "record", lambda: {
         "processor": {"model": "golden", "extensions": ["avx2"]},
-        "settings": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "settings": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"},
         "threads": 2})
     monkeypatch.setattr(io.environment, "record", lambda: {"lock": "locks/cpu.txt", "sha256": "0" * 64})
     monkeypatch.chdir(tmp_path)

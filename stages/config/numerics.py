@@ -15,8 +15,8 @@ class Numerics(Strict):
     vector unit (faster where it has AVX-512 or AMX, and other numbers)."""
 
     cpu_isa: Literal["avx2", "native"] = Field(
-        "avx2", description="avx2: ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2,STRICT and "
-        "ONEDNN_MAX_CPU_ISA=AVX2 in every job's environment, so that a CPU job computes the same "
+        "avx2", description="avx2: ATEN_CPU_CAPABILITY=avx2 and MKL_CBWR=AVX2,STRICT "
+        "in every job's environment, so that a CPU job computes the same "
         "bits on the x86-64 processors of one vendor (MKL honours MKL_CBWR on Intel's alone); "
         "native: none of them (each library's widest path). A result key of the jobs that "
         "compute on CPUs (a change reruns them)")

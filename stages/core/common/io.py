@@ -63,7 +63,7 @@ def git_commit() -> str:
 
 def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **extra: Any) -> dict:
     """The provenance record stored with every artifact. No timestamps: same inputs, same bytes
-    (on the same processor: `numerics` names it, the three settings and the threads), from the
+    (on the same processor: `numerics` names it, the settings and the threads), from the
     environment's lock (`lock`: its name and sha256)."""
     return {
         "stage": stage,

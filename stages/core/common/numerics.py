@@ -3,7 +3,7 @@
 PyTorch's own kernels, MKL (its matrix multiplies and, through VML, exp, log and tanh) and oneDNN
 each pick the widest vector unit of the processor they run on: AVX2 on one machine, AVX-512 or
 AMX on another. The same sums then come out in another order, and a CPU run's numbers differ from
-processor to processor. Three settings, read by each library when it starts, pin the code paths
+processor to processor. Two settings, read by each library when it starts, pin the code paths
 to AVX2, which every x86-64 processor since about 2015 has (config key numerics.cpu_isa):
 
 - ATEN_CPU_CAPABILITY=avx2: PyTorch's vectorised kernels (its CPU dispatch);
@@ -11,13 +11,17 @@ to AVX2, which every x86-64 processor since about 2015 has (config key numerics.
   VML: torch.exp on float32 gives other last bits under MKL_CBWR=AVX512, seen on an Intel Xeon),
   strict: without it a product's bits depend on its operands' alignment in memory (the chunked
   head's statistics then differed from the same logits' read whole, seen on the Xeon);
-- ONEDNN_MAX_CPU_ISA=AVX2: oneDNN (no AVX-512, no AMX).
+oneDNN is left alone: it is not on the float32 path (on the Xeon no product, softmax, attention
+or exp changed with ONEDNN_MAX_CPU_ISA; bfloat16 products, which it computes, stay the
+processor's), and ONEDNN_MAX_CPU_ISA=AVX2 made vLLM's CPU build abort
+in bfloat16 on a processor with AMX (its kernels choose AMX by the hardware, then PyTorch's brgemm
+finds oneDNN without it).
 
 The workflow puts them into the environment of every job (workflow/rules/common.smk), before any
 of these libraries starts; a stage run by hand that finds them missing starts itself again with
 them (`apply`). `record` says, in each artifact's provenance, which processor computed it and how.
 
-What they pin: PyTorch's own kernels and oneDNN on every processor; MKL (the sgemm behind every
+What they pin: PyTorch's own kernels on every processor; MKL (the sgemm behind every
 linear layer, and VML) on Intel processors only. oneMKL documents MKL_CBWR branches other than
 AUTO and COMPATIBLE as Intel-only: elsewhere it runs its AUTO branch. So an Intel processor and an
 AMD one still compute different bits (seen: the default's base model on an Intel Xeon and an AMD
@@ -33,7 +37,7 @@ import functools
 import os
 import sys
 
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
 """The environment of numerics.cpu_isa 'avx2'."""
 
 CPU_ISAS = {"avx2": PINNED, "native": {}}
@@ -58,7 +62,7 @@ def environment(cpu_isa: str, env: dict[str, str] | os._Environ) -> dict[str, st
 
 
 def in_effect(env=os.environ) -> dict[str, str | None]:
-    """The three settings as `env` has them (None: not set)."""
+    """The settings as `env` has them (None: not set)."""
     return {var: env.get(var) for var in PINNED}
 
 
@@ -99,7 +103,7 @@ def processor() -> dict:
 
 
 def record() -> dict:
-    """Which processor computed, with which of the three settings, PyTorch's CPU code path and
+    """Which processor computed, with which of the settings, PyTorch's CPU code path and
     threads (where torch is loaded): the `numerics` of every provenance record."""
     out = {"processor": processor(), "settings": in_effect()}
     torch = sys.modules.get("torch")
