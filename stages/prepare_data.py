@@ -17,6 +17,16 @@ from .keys import STAGE_VERSIONS
 STAGE_VERSION = STAGE_VERSIONS["prepare_data"]
 
 
+def hub_snapshot(cfg: Config, name: str):
+    """The checked snapshot folder of a hub data set's locked commit (None: a local folder)."""
+    from .core.common import hub
+
+    src = cfg.datasets[name].source
+    if hub.is_local(src.dataset):
+        return None
+    return hub.locked_folder(cfg, "dataset", src.dataset, src.commit, f"datasets.{name}.source")
+
+
 def load_problems(cfg: Config, name: str) -> list[Problem]:
     """The records of dataset `name`, from its source, before prompts are rendered."""
     src = cfg.datasets[name].source
@@ -35,7 +45,7 @@ def load_problems(cfg: Config, name: str) -> list[Problem]:
     from .core.data import adapters  # imports datasets only when a real source is read
 
     if src.kind == "hub":
-        return adapters.load_hub(src, f"hub:{src.dataset}")
+        return adapters.load_hub(src, f"hub:{src.dataset}", hub_snapshot(cfg, name))
     return adapters.load_local(src, f"local:{src.path}")
 
 

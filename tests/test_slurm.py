@@ -1022,3 +1022,37 @@ def test_the_save_signal_comes_within_the_training_jobs_walltime(test_raw, edit,
     test_raw["train"]["save_before_limit_minutes"] = None  # no signal asked: nothing to check
     test_raw["methods"]["ict"].pop("train", None)
     validate(test_raw, "t.yaml")
+
+
+# ----- an offline site: the fetch where Snakemake runs, the jobs without the hub ------------------
+@pytest.mark.slow
+def test_after_the_fetch_the_slurm_jobs_read_the_snapshots_without_the_hub(slurm_cluster, tmp_path,
+                                                                          test_raw):
+    """A hub variant of the test config (tests/test_offline.py) fetched on this host, where
+    Snakemake runs; then the hub is stopped and HF_ENDPOINT points at a closed port, and the jobs
+    that read the hub's model and data (prepare_data, base_model, rollout) run through SLURM on the
+    two nodes and finish from the snapshot store."""
+    from tests.hubserver import Hub
+    from tests.test_offline import DATA, MODEL, data_folder, fetch, hub_config, model_folder
+
+    h = Hub().start()
+    h.repo("model", MODEL).push(Hub.folder_files(model_folder(tmp_path / "model-src")))
+    h.repo("dataset", DATA).push(Hub.folder_files(data_folder(tmp_path / "data-src")))
+    cfg = hub_config(test_raw, tmp_path)
+    try:
+        fetched = fetch(h, tmp_path, cfg)
+    finally:
+        h.stop()
+    assert fetched.returncode == 0, fetched.stderr
+    targets = ["results/hub/rollouts/size=tiny-s/rollouts.parquet",
+               "results/hub/data/dataset=arith-easy/problems.parquet"]
+    env = workflow_env(SBATCH_PARTITION=PARTITION, HF_ENDPOINT="http://127.0.0.1:9")
+    run = subprocess.run(
+        snakemake_cmd(tmp_path, *targets, "--profile", str(ROOT / "slurm"), "--configfile", str(cfg),
+                      "--retries", "0", "--slurm-keep-successful-logs", fast_polling=True),
+        cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, f"{run.stderr[-4000:]}\n{job_logs(tmp_path)}"
+    jobs = Counter(rule for rule, _, _ in slurm_jobs(tmp_path))
+    assert jobs == {"prepare_data": 2, "base_model": 1, "rollout": 1}, jobs
+    prov = read_provenance(str(tmp_path / targets[0]))
+    assert prov["hub"][f"model:{MODEL}"]["commit"] == h.repo("model", MODEL).branches["main"]

@@ -8,7 +8,7 @@ One module per section of the config, the top level and the checks across sectio
 
 - base: the Strict base model, Name, the engine_kwargs field, the errors at a key, digest
 - experiment, datasets, models, methods, rollout, token_stats, train (its loss: loss),
-  evaluate, resources, cost, numerics: one section each
+  evaluate, resources, cost, numerics, hub: one section each
 - checks: the validators that look across sections, and every lookup into stages.core's
   registries (vLLM's engine arguments, selectors, graders, reported rows, hub models)
 - schema: Config, the whole file, with the helpers the Snakefile and the stages share
@@ -26,6 +26,7 @@ from .cost import Cost, CostRates
 from .datasets import Dataset, GeneratedSource, HubSource, LocalSource, Source
 from .evaluate import Evaluate
 from .experiment import Experiment
+from .hub import Hub
 from .load import import_selector_modules, load_config, load_yaml, validate
 from .loss import Loss
 from .methods import Method, MethodEvaluate
@@ -39,7 +40,7 @@ from .train import Train, VirtualLayout
 
 __all__ = [
     "ENGINE_SET_BY_US", "TRAIN_ENGINE_SET_BY_US", "Config", "ConfigError", "Cost", "CostRates",
-    "Dataset", "Evaluate", "Experiment", "GeneratedSource", "GgufModel", "Gpus", "HubModel",
+    "Dataset", "Evaluate", "Experiment", "GeneratedSource", "GgufModel", "Gpus", "Hub", "HubModel",
     "HubSource", "LocalSource", "Loss", "Method", "MethodEvaluate", "ModelSize", "Name", "Numerics",
     "ResourceOverride", "Resources", "Rollout", "RuleResources", "ScratchArch", "Sft",
     "SizedRuleResources", "Source", "Strict", "TokenStats", "Train", "VirtualLayout",

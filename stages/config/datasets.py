@@ -60,7 +60,11 @@ class HubSource(AdaptedSource):
     dataset: str = Field(description="dataset id on the hub (or a local dataset folder)")
     config: str | None = Field(None, description="dataset configuration name")
     split: str = Field("test", description="split to read")
-    revision: str | None = Field(None, description="git revision of the dataset repository")
+    revision: str | None = Field(None, description="branch, tag or commit of the dataset "
+                                 "repository to fetch (None: main); the lock keeps its commit")
+    commit: str | None = Field(None, description="the commit the run's hub.lock.yaml resolved "
+                               "`revision` to: set by the workflow from the lock (leave it unset); "
+                               "a result key")
 
 
 class LocalSource(AdaptedSource):

@@ -44,10 +44,16 @@ class Sft(Strict):
 
 
 class HubModel(Strict):
-    """A pretrained model on the Hugging Face hub; downloaded on the cluster, not here."""
+    """A pretrained model on the Hugging Face hub (or a local folder in its layout), fetched once
+    where the hub is reachable (python -m stages.fetch) and loaded offline by every job."""
 
-    model_id: str
-    revision: str = Field("main", description="branch, tag or commit to pin")
+    model_id: str = Field(description="repository id on the hub, or a local folder (not fetched)")
+    # ours: the configs' revisions were never checked against the hub; the lock fixes a run's
+    revision: str = Field("main", description="branch, tag or commit to fetch; the fetch resolves "
+                          "it to a commit once and results/<run>/hub.lock.yaml keeps it")
+    commit: str | None = Field(None, description="the commit the run's hub.lock.yaml resolved "
+                               "`revision` to: set by the workflow from the lock (leave it unset); "
+                               "a result key")
 
 
 class GgufModel(Strict):

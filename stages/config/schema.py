@@ -13,6 +13,7 @@ from .cost import Cost
 from .datasets import Dataset
 from .evaluate import Evaluate
 from .experiment import Experiment
+from .hub import Hub
 from .methods import Method
 from .models import ModelSize
 from .numerics import Numerics
@@ -42,6 +43,7 @@ class Config(Strict):
     resources: Resources = Field(default_factory=Resources)
     cost: Cost = Field(default_factory=Cost)
     numerics: Numerics = Field(default_factory=Numerics)
+    hub: Hub = Field(default_factory=Hub)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Config:

@@ -1,5 +1,5 @@
 rule base_model:
-    """Train a scratch model by SFT (or record a hub model's id) and write its base.json."""
+    """Train a scratch model by SFT (or check a hub model's locked snapshot) and write its base.json."""
     input:
         unpack(base_model_inputs),
     output:

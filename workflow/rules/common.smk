@@ -6,7 +6,7 @@ import yaml
 from snakemake_interface_executor_plugins.settings import ExecMode
 
 from stages import reruns
-from stages.core.common import numerics
+from stages.core.common import hub, numerics
 from stages.config import ConfigError, Gpus, validate
 from stages.keys import checkpoint_steps, job_hash_of, save_signal_option
 from stages.keys import curve_benchmarks as keys_curve_benchmarks
@@ -26,8 +26,24 @@ try:
     # the config (stages.reruns)
     CONSENT = reruns.parse_consent(config.pop(reruns.CONSENT_KEY, None), "--config")
     CFG = validate(config, CONFIG_SOURCE)
-except ConfigError as err:
+    # The hub commits of the run (python -m stages.fetch wrote the lock before this parse): each
+    # becomes models.<size>.hub.commit or datasets.<name>.source.commit, a result key, so moving
+    # the lock (--refresh) reruns exactly the jobs that read what moved, and nothing else does.
+    HUB_LOCK = hub.lock_path(CFG)
+    CFG = hub.apply_lock(CFG, hub.read_lock(HUB_LOCK), HUB_LOCK)
+except (ConfigError, hub.ArtifactError) as err:
     sys.exit(f"error: {err}")
+# Hub repositories without a commit yet: a dry run lists the jobs that will read them; a real run
+# stops before any job (onstart) and says to fetch.
+UNLOCKED = hub.unlocked(CFG)
+FETCH_HINT = (f"python -m stages.fetch --configfile {CONFIG_SOURCE}  (where the hub is reachable, "
+              "before snakemake)")
+if UNLOCKED and workflow.exec_mode == ExecMode.DEFAULT:
+    print(f"note: {len(UNLOCKED)} hub source(s) not fetched yet ({HUB_LOCK} lacks "
+          f"{', '.join(sorted({u.key for u in UNLOCKED}))}): {FETCH_HINT}", file=sys.stderr)
+# Every job, local or through sbatch, inherits the run's caches and the hub's offline switches
+# (each stage sets them again itself: stages.cli); the parse below reads only local files.
+os.environ.update(hub.job_environment(CFG))
 
 # The memory plan (python -m stages.plan): every GPU job must fit models.<size>.gpu_memory_gb
 # before anything is scheduled (no check where no size sets it).
@@ -94,9 +110,27 @@ if REPLACED:
     reruns.announce(REPLACED, PATHS)
 
 
+def check_hub_snapshots():
+    """Before any job of a real run, in Snakemake's own process: every hub source locked, and
+    every locked file in the snapshot store at its size (the fetch hashed them all; stages.fetch
+    --verify hashes them again)."""
+    if UNLOCKED:
+        sys.exit(f"error: not fetched: {', '.join(f'{u.key} ({u.where})' for u in UNLOCKED)}; "
+                 f"run {FETCH_HINT}")
+    lock = hub.read_lock(HUB_LOCK)
+    try:
+        for key in {u.key for u in hub.all_uses(CFG)}:
+            entry = lock["repositories"][key]
+            hub.check_snapshot(entry, hub.snapshot_dir(hub.store(CFG), entry["repo_type"],
+                                                       entry["repo_id"], entry["commit"]), HUB_LOCK)
+    except hub.ArtifactError as err:
+        sys.exit(f"error: {err}")
+
+
 onstart:
     # after the DAG is built, before any job starts: a real run (or --touch) only
     reruns.ANNOUNCE_AT_EXIT.clear()
+    check_hub_snapshots()
     if workflow.touch:
         reruns.guard_touch(workflow, CFG)
     else:

@@ -61,10 +61,16 @@ def git_commit() -> str:
     return sha + ("+dirty" if dirty else "")
 
 
+HUB_SOURCES: dict[str, dict] = {}
+"""The hub repositories of the run this process computes for, each with its requested revision
+and locked commit (stages.cli fills it from the config: stages.core.common.hub.sources)."""
+
+
 def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **extra: Any) -> dict:
     """The provenance record stored with every artifact. No timestamps: same inputs, same bytes
     (on the same processor: `numerics` names it, the settings and the threads), from the
-    environment's lock (`lock`: its name and sha256)."""
+    environment's lock (`lock`: its name and sha256), and the hub commits of the run's models and
+    data sets (`hub`, where it reads any)."""
     return {
         "stage": stage,
         "stage_version": stage_version,
@@ -74,6 +80,7 @@ def provenance(stage: str, stage_version: str, config_hash: str, seed: int, **ex
         "packages": package_versions(),
         "numerics": numerics.record(),
         "lock": environment.record(),
+        **({"hub": dict(HUB_SOURCES)} if HUB_SOURCES else {}),
         **extra,
     }
 

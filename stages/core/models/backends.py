@@ -72,9 +72,10 @@ def open_sampler(backend: str, model_ref: str | Path, s: SamplingSettings):
 
 
 def vllm_source(model_ref: str | Path) -> tuple[str, str | None]:
-    """(what vLLM loads: a local folder or a hub id, the hub revision or None) of a model reference."""
+    """(what vLLM loads, None) of a model reference: always a local folder (a hub model's checked
+    snapshot folder; a hub id would send the engine to the network), and no revision."""
     ref = load_reference(model_ref)
-    return (ref["path"], None) if ref["kind"] == "scratch" else (ref["model_id"], ref["revision"])
+    return ref["path"], None
 
 
 def sample_vllm(llm, tokenizer, prompts: list[str], *, n: int, temperature: float, top_p: float,

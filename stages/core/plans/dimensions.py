@@ -172,7 +172,8 @@ def hub_arch(model_id: str, revision: str = "main") -> Arch:
     """Dimensions of a hub model: the built-in table, else a local cache's config.json."""
     if model_id in HUB_ARCHS:
         return HUB_ARCHS[model_id]
-    path = cached_hf_config(model_id, revision)
+    local = Path(model_id).expanduser() / "config.json"  # a local folder in Hugging Face layout
+    path = local if local.is_file() else cached_hf_config(model_id, revision)
     if path is not None:
         return arch_from_hf_config(json.loads(path.read_text()), f"cache: {path}")
     raise UnknownModel(
@@ -237,6 +238,6 @@ def model_arch(cfg: Config, size: str) -> Arch:
             raise ConfigError(f"models.{size}.gguf.{err.field}: {err}") from None
         return gguf_arch(path)
     try:
-        return hub_arch(m.hub.model_id, m.hub.revision)
+        return hub_arch(m.hub.model_id, m.hub.commit or m.hub.revision)  # the locked snapshot
     except UnknownModel as err:
         raise ConfigError(f"models.{size}.hub.model_id: {err}") from None

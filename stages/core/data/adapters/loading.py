@@ -187,13 +187,20 @@ def hub_label(src: HubSource) -> str:
     return f"hub:{src.dataset}/{src.config or 'default'}/{src.split}"
 
 
-def load_hub(src: HubSource, source_label: str) -> list[Problem]:
-    """Problems of a Hugging Face dataset split (or a local dataset folder), via `src.adapter`."""
-    get_adapter(src.adapter)  # fail before a download
+def load_hub(src: HubSource, source_label: str, snapshot: Path | None = None) -> list[Problem]:
+    """Problems of a Hugging Face dataset split, via `src.adapter`, read from `snapshot` (the
+    fetched commit's folder in the store: python -m stages.fetch), or from `src.dataset` where it
+    is a local dataset folder; never from the network."""
+    get_adapter(src.adapter)  # fail before reading
     import datasets  # lazily: a slow import that only hub sources need
 
     label = hub_label(src)
-    split = datasets.load_dataset(src.dataset, src.config, split=src.split, revision=src.revision)
+    where = str(snapshot) if snapshot is not None else str(Path(src.dataset).expanduser())
+    try:
+        split = datasets.load_dataset(where, src.config, split=src.split)
+    except (ValueError, FileNotFoundError) as err:
+        raise AdapterError(f"{label}: cannot read config {src.config!r}, split {src.split!r} from "
+                           f"{where}: {err}") from None
     rows = ((f"{label}: row index {i}", dict(row)) for i, row in enumerate(split))
     return normalise(rows, src.adapter, src.fields, source_label, levels=src.levels,
                      limit=src.limit, deduplicate=getattr(src, "deduplicate", False),
