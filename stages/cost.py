@@ -104,6 +104,8 @@ class CostPlan:
     limit_source: str
     warnings: list[str]
     problems: list[str]
+    snapshot_bytes: float = 0.0
+    """The hub models' weights in the fetch's snapshot store (bf16, est.; stages.fetch)."""
 
     @property
     def jobs(self) -> int:
@@ -147,6 +149,7 @@ class CostPlan:
                 "requested_gpu_hours": round(self.requested_gpu_hours, 1),
                 "longest_chain_hours": round(self.chain_min() / 60, 2),
                 "kept_bytes": round(self.kept_bytes), "transient_bytes": round(self.transient_bytes),
+                "snapshot_bytes": round(self.snapshot_bytes),
                 "max_runtime_minutes": self.limit, "max_runtime_source": self.limit_source,
                 "warnings": self.warnings, "problems": self.problems}
 
@@ -391,7 +394,9 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
             warnings.append(f"{name}: estimated {hours(r.work_min)} of work, more than its walltime "
                             f"of {hours(r.attempt_min)}: about {r.attempts} attempts, resumed "
                             f"from its checkpoints (the training rule's retries)")
-    return CostPlan(source, rows, limit, limit_source, warnings, problems)
+    snapshots = sum(2.0 * model_arch(cfg, s).params for s in exp.sizes  # bf16 on the hub
+                    if cfg.models[s].source == "hub")
+    return CostPlan(source, rows, limit, limit_source, warnings, problems, snapshots)
 
 
 def train_retries(cfg: Config, limit: int | None) -> int | None:
@@ -459,7 +464,10 @@ def totals_lines(plan: CostPlan) -> list[str]:
             f"queueing)",
             f"disk: about {size_of(plan.kept_bytes)} kept (Hugging Face checkpoints, rollouts, "
             f"token statistics, samples), and resume states of up to {size_of(plan.transient_bytes)}"
-            f" while the trainings run (each removed at its end)"]
+            f" while the trainings run (each removed at its end)",
+            *([f"hub snapshots: about {size_of(plan.snapshot_bytes)} of base-model weights in the "
+               "fetch's store (python -m stages.fetch; bf16, from the models' dimensions), on the "
+               "file system the nodes share"] if plan.snapshot_bytes else [])]
 
 
 def summary_table(plans: list[CostPlan]) -> str:
