@@ -83,6 +83,15 @@ def test_bad_references_name_file_and_key(tmp_path):
     ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B"}))
     with pytest.raises(ArtifactError, match="base.json: key 'revision'"):
         load_reference(ref)
+    # a hub model is loaded from its fetched snapshot, never from the network
+    ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main"}))
+    with pytest.raises(ArtifactError, match="no locked commit: fetch it .*python -m stages.fetch"):
+        load_reference(ref)
+    ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main",
+                               "commit": "c" * 40, "files": {"model.safetensors": 10}}))
+    with pytest.raises(ArtifactError, match=r"model Qwen/Qwen2.5-0.5B@cccccccccccc: file "
+                                            r"model.safetensors missing from the snapshot store"):
+        load_reference(ref)
 
 
 def test_a_corrupt_checkpoint_is_a_clear_error(saved, tmp_path):

@@ -3,7 +3,8 @@ reachable, and nothing after it touches the network (stages.fetch, stages.core.c
 
 The hub is a server on the loopback (tests/hubserver.py) and the client is the real
 `huggingface_hub`, run as the fetch runs (`python -m stages.fetch`, HF_ENDPOINT pointing at it).
-The slow test runs the whole workflow after the fetch in a network namespace without network
+The tests that run the fetch are in the slow tier (scripts/test.sh --all, CI); the last one runs the
+whole workflow after the fetch in a network namespace without network
 (`unshare --net`, as root, as CI runs), and compares its tables with the same model and data read
 from local folders.
 """
@@ -95,6 +96,7 @@ def lock_of(wd: Path, run: str = "hub") -> dict:
     return yaml.safe_load((wd / "results" / run / hub.LOCK_NAME).read_text())
 
 
+@pytest.mark.slow  # the fetch in subprocesses against the loopback hub
 def test_the_fetch_locks_each_commit_and_a_moved_branch_changes_nothing_until_refreshed(
         served, tmp_path, test_raw):
     h, folders = served
@@ -138,6 +140,7 @@ def test_the_fetch_locks_each_commit_and_a_moved_branch_changes_nothing_until_re
     assert unknown.returncode == 2 and "--refresh someone/else: not a hub repository" in unknown.stderr
 
 
+@pytest.mark.slow  # the fetch in subprocesses against the loopback hub
 def test_a_gated_missing_or_unreachable_repository_stops_the_fetch_with_the_fix_and_writes_nothing(
         served, tmp_path, test_raw):
     h, folders = served
@@ -155,6 +158,7 @@ def test_a_gated_missing_or_unreachable_repository_stops_the_fetch_with_the_fix_
     assert not (tmp_path / "results" / "hub" / hub.LOCK_NAME).exists()
 
 
+@pytest.mark.slow  # the fetch in subprocesses against the loopback hub
 def test_a_corrupted_snapshot_file_stops_a_job_with_the_files_name(served, tmp_path, test_raw):
     h, _ = served
     cfg_path = hub_config(test_raw, tmp_path)

@@ -16,6 +16,7 @@ import json
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,14 +192,29 @@ def test_the_stand_in_refuses_what_vllm_refuses(fake_vllm):
         FakeLLM(model="m", logprobs_mode="processed")
 
 
-def test_rollout_backend_rows_and_engine(tmp_path, fake_vllm):
+def hub_ref(tmp_path, monkeypatch, commit: str = "abc123") -> Path:
+    """base.json of a fetched hub model: its commit's snapshot in a store of its own (HF_HUB_CACHE),
+    as python -m stages.fetch leaves it."""
+    store = tmp_path / "store"
+    monkeypatch.setenv("HF_HUB_CACHE", str(store))
+    snap = store / "models--Qwen--Qwen2.5-0.5B" / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
     ref = tmp_path / "base.json"
-    ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "abc123"}))
+    ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "main",
+                               "commit": commit, "files": {"config.json": 2}}))
+    return ref
+
+
+def test_rollout_backend_rows_and_engine(tmp_path, fake_vllm, monkeypatch):
+    ref = hub_ref(tmp_path, monkeypatch)
     s = SamplingSettings(n=3, temperature=0.6, top_p=0.95, max_new_tokens=7, seed=5, tensor_parallel_size=2)
     out = generate("vllm", ref, ["ab", "c"], s)
     (llm,) = fake_vllm.built
-    assert llm.kwargs["model"] == "Qwen/Qwen2.5-0.5B" and llm.kwargs["revision"] == "abc123"
-    assert llm.kwargs["tokenizer_revision"] == "abc123" and llm.kwargs["tensor_parallel_size"] == 2
+    # the engine gets the snapshot folder, never a hub id (which would send it to the network)
+    assert llm.kwargs["model"] == str(tmp_path / "store/models--Qwen--Qwen2.5-0.5B/snapshots/abc123")
+    assert llm.kwargs["revision"] is None and llm.kwargs["tokenizer_revision"] is None
+    assert llm.kwargs["tensor_parallel_size"] == 2
     requests, params, _ = llm.calls[0]
     assert requests == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert [(p.n, p.temperature, p.top_p, p.max_tokens) for p in params] == [(3, 0.6, 0.95, 7)] * 2
@@ -214,8 +230,7 @@ def test_rollout_backend_rows_and_engine(tmp_path, fake_vllm):
 
 def test_batch_invariance_is_set_before_the_engine_starts(tmp_path, fake_vllm, monkeypatch):
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
-    ref = tmp_path / "base.json"
-    ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "abc"}))
+    ref = hub_ref(tmp_path, monkeypatch)
     settings = SamplingSettings(n=1, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0,
                                 batch_invariant=True)
     generate("vllm", ref, ["a"], settings)
@@ -231,9 +246,8 @@ def test_batch_invariance_is_set_before_the_engine_starts(tmp_path, fake_vllm, m
     assert fake_vllm.built == [] and "VLLM_BATCH_INVARIANT" not in os.environ
 
 
-def test_engine_kwargs_reach_the_engine(tmp_path, fake_vllm):
-    ref = tmp_path / "base.json"
-    ref.write_text(json.dumps({"kind": "hub", "model_id": "Qwen/Qwen2.5-0.5B", "revision": "abc"}))
+def test_engine_kwargs_reach_the_engine(tmp_path, fake_vllm, monkeypatch):
+    ref = hub_ref(tmp_path, monkeypatch)
     generate("vllm", ref, ["a"], SamplingSettings(
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0,
         engine_kwargs={"enforce_eager": True, "gpu_memory_utilization": 0.5}))
