@@ -601,13 +601,23 @@ def main(args, cfg: Config) -> None:
                                     "resubmitted (the same command continues from there)", done,
                                     tcfg.steps, resume_dir, EXIT_RESUBMIT)
                 dist.job.barrier()
-                torch.distributed.destroy_process_group()
+                shutdown(sampler)
                 raise SystemExit(EXIT_RESUBMIT)
     bar.close()
     live.close()
     seconds = time.perf_counter() - began
     finish(engine, tokenizer, cfg, args, rows, out_dir, resume_dir, dist, seconds, start)
-    sampler.close()  # a vLLM engine's teardown takes the process group with it
+    shutdown(sampler)
+
+
+def shutdown(sampler) -> None:
+    """The end of a training process, finished or stopped for a time limit: the sampler first (a
+    vLLM engine's teardown destroys its own groups and then the default one, which it shares with
+    DeepSpeed; after the group was destroyed, vLLM's exit hook would fail on every rank), then the
+    default group, where the sampler left it."""
+    import torch
+
+    sampler.close()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

@@ -837,3 +837,26 @@ def test_config_keys_are_what_the_trainer_reads(test_raw):
     assert 'job_hash("train")' in (ROOT / "workflow" / "rules" / "train.smk").read_text()
     w = {"size": "tiny-s", "method": "ict", "seed": "0"}
     assert config_hash_of(validate(raw, "t.yaml"), "train", w) == digest(raw)
+
+
+def test_a_training_process_closes_its_sampler_before_the_process_group():
+    """Finished or stopped for a time limit, a training process shuts its sampler down while the
+    default group still exists (a vLLM engine's teardown destroys its groups and then the default
+    one, which it shares with DeepSpeed), and destroys the group only where the sampler left it."""
+    from stages.launch import free_port
+
+    class Sampler:
+        def __init__(self, takes_the_group: bool) -> None:
+            self.takes_the_group, self.saw_group = takes_the_group, None
+
+        def close(self) -> None:
+            self.saw_group = torch.distributed.is_initialized()
+            if self.takes_the_group:
+                torch.distributed.destroy_process_group()
+
+    for takes in (True, False):
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                                             rank=0, world_size=1)
+        sampler = Sampler(takes)
+        train.shutdown(sampler)
+        assert sampler.saw_group is True and not torch.distributed.is_initialized()

@@ -421,3 +421,19 @@ def test_engine_groups_must_divide_the_ranks(tmp_path, fake_vllm):
                           seed=0, gpu_memory_utilization=0.3, max_model_len=64, dtype="float32",
                           tensor_parallel_size=2)
     assert fake_vllm.built == []
+
+
+def test_the_heads_float64_sum_is_built_only_where_the_check_runs(tmp_path, fake_vllm, monkeypatch):
+    """check_head_loaded compares one engine's whole head; a tensor-parallel engine's shard is not
+    checked, so no sync builds the float64 sum of the head (GBs at 8B-32B) for it."""
+    from stages.core.models.samplers import VllmPolicySampler
+
+    sampler, _ = policy_sampler(tmp_path)
+    sums = []
+    monkeypatch.setattr(VllmPolicySampler, "check_head_loaded",
+                        lambda self, rows, picked, total, vocab: sums.append(total))
+    sampler.sync()
+    assert len(sums) == 1
+    sampler.tp = 2
+    sampler.sync()
+    assert len(sums) == 1

@@ -226,7 +226,9 @@ class VllmPolicySampler:
 
         def watched():
             for name, tensor in engine_weights(self.model, self.gather_elements):
-                if name == head_name:  # a spread of its rows and its sum, while it is whole
+                if name == head_name and self.tp == 1:  # a spread of its rows and its sum,
+                    # while it is whole: only where check_head_loaded compares them (a shard of a
+                    # tensor-parallel engine is not), as the float64 copy is GBs at 8B-32B
                     vocab = tensor.shape[0]
                     picked = torch.linspace(0, vocab - 1, min(vocab, 64)).round().long()
                     seen["head"] = (tensor[picked.to(tensor.device)].clone(), picked,
