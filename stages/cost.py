@@ -16,6 +16,7 @@ within one attempt.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 
@@ -192,6 +193,22 @@ def runtime_limit(cfg: Config, query: bool = True) -> tuple[int | None, str]:
     return minutes, f"MaxTime of partition {partition or '(default)'} (scontrol)"
 
 
+def planned_request(cfg: Config, rule: str, size: str, need_min: float) -> int:
+    """What one job of `rule` asks for, minutes: where cost.walltime_margin is set, the plan's
+    estimate of its need (start-up included; a training's whole work) x the margin, rounded up to
+    cost.walltime_round_minutes, and at most resources.<rule>.runtime (the longest a job of the
+    rule asks for: a training longer than that continues over attempts); else, or where the size
+    sets the rule's runtime by hand (resources.<rule>.sizes.<size>.runtime), the configured
+    request."""
+    kind = REQUEST_OF.get(rule, rule)
+    own = getattr(cfg.resources, kind).sizes.get(size)
+    configured = cfg.resources.of(kind, size).runtime
+    margin, step = cfg.cost.walltime_margin, cfg.cost.walltime_round_minutes
+    if margin is None or (own is not None and own.runtime is not None):
+        return configured
+    return min(configured, max(step, math.ceil(need_min * margin / step) * step))
+
+
 def attempt_minutes(request: int, limit: int | None) -> int:
     """One attempt's walltime: the request, capped at the limit."""
     return request if limit is None else min(request, limit)
@@ -244,7 +261,7 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
     rescored_steps = t.steps - min(meth.warmup_steps, t.steps) if rescore else 0
     work_min = (t.steps * fixed_s + rescored_steps * rescoring_s) / 60
     step_min = work_min / t.steps
-    request = cfg.resources.of("train", size).runtime
+    request = planned_request(cfg, "train", size, work_min + rates.startup_minutes)
     attempt = attempt_minutes(request, limit)
     resumes = t.checkpoint_every < t.steps  # a state is written only before the last step
     lost = t.checkpoint_every * step_min if resumes else work_min
@@ -302,8 +319,8 @@ def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int |
         kept = tokens * cc.SAMPLE_BYTES_PER_TOKEN
         what = f"{problems:,} problems of {len(benches)} benchmark(s) x {section.n}"
     gen_s = cc.generation_seconds(tokens, engine_gpus, rates.generation_tokens_per_s)
-    request = cfg.resources.of(kind, size).runtime
     work = gen_s / 60
+    request = planned_request(cfg, rule, size, work + rates.startup_minutes)
     detail = [f"{what} samples, {approx(tokens / 1e6)}M tokens on {engine_gpus} GPU(s): "
               f"{hours(work)}"]
     return JobCost(rule, size, [method] if rule != "rollout" else [], jobs, getattr(m.gpus, kind),
@@ -322,7 +339,7 @@ def teacher_forcing_cost(cfg: Config, rule: str, size: str, method: str, limit: 
     flops = tokens * cc.forward_flops(arch, cc.mean_context(prompt, resp))
     work = cc.compute_seconds(flops, 1, rates.gpu_tflops, rates.train_mfu) / 60
     kept = r.prompts * r.n * resp * cc.TOKEN_ROW_BYTES if rule == "token_stats" else 0.0
-    request = cfg.resources.of("token_stats", size).runtime
+    request = planned_request(cfg, rule, size, work + rates.startup_minutes)
     detail = [f"{approx(tokens / 1e6)}M tokens x {approx(flops / tokens / 1e9)} GFLOP on 1 GPU: "
               f"{hours(work)}"]
     return JobCost(rule, size, [] if rule == "token_stats" else [method], jobs,
@@ -397,6 +414,19 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
     snapshots = sum(2.0 * model_arch(cfg, s).params for s in exp.sizes  # bf16 on the hub
                     if cfg.models[s].source == "hub")
     return CostPlan(source, rows, limit, limit_source, warnings, problems, snapshots)
+
+
+def planned_requests(cfg: Config, limit: int | None) -> dict[tuple[str, str, str | None], int]:
+    """Each GPU job's request from the plan, by (rule, size, method; None for a rollout or the
+    token statistics), for the rules' `runtime` (workflow/rules/common.smk); {} where
+    cost.walltime_margin is unset."""
+    if cfg.cost.walltime_margin is None:
+        return {}
+    out = {}
+    for row in cost_plan(cfg, limit=limit).rows:
+        for method in row.methods or [None]:
+            out[(row.rule, row.size, method)] = row.request_min
+    return out
 
 
 def train_retries(cfg: Config, limit: int | None) -> int | None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from .config import (
     Config,
+    Cost,
     Hub,
     HubModel,
     HubSource,
@@ -140,6 +141,8 @@ UNHASHED_AT_DEFAULT: dict[tuple[type, str], str] = {
                           "resolves its revision as before the lock",
     (HubSource, "commit"): "2026-12: as HubModel.commit",
     (Config, "hub"): "2026-12: where snapshots and caches live; no job's result keys read it",
+    (Cost, "walltime_margin"): "2026-12: a job's walltime; the cost plan is no job's result key",
+    (Cost, "walltime_round_minutes"): "2026-12: as walltime_margin",
     (Hub, "cache_dir"): "2026-12: as `hub`",
 }
 """The rule for a new result key: each key that came after results existed, by (the config model

@@ -433,7 +433,19 @@ def requests_table(cfg: Config) -> str:
     GPUs per node for a multi-node training job; vLLM tensor parallelism noted) / CPU cores /
     memory / walltime, from `models.<size>.gpus`, `train_nodes`, `gpus_per_node` and `resources`:
     the table the docs print, generated from the config so that the two cannot disagree."""
+    from .cost import planned_requests
+
+    def span(minutes: list[int]) -> str:
+        def one(m: int) -> str:
+            return f"{m / 60:g} h" if m >= 60 else f"{m} min"
+        lo, hi = min(minutes), max(minutes)
+        return one(lo) if lo == hi else f"{one(lo)}–{one(hi)}"
+
     sizes = cfg.experiment.sizes
+    try:  # walltimes from the plan (cost.walltime_margin): the GPU jobs' own
+        planned = planned_requests(cfg, None)
+    except ConfigError:
+        planned = {}
     head = ["rule (one job per)", *(cfg.models[s].label or s for s in sizes)]
     rows = [head, ["---"] * len(head)]
     for rule in REQUEST_RULES:
@@ -451,7 +463,8 @@ def requests_table(cfg: Config) -> str:
             if rule == "train" and m.train_tensor_parallel_size > 1:
                 what += f" (vLLM TP {m.train_tensor_parallel_size})"
             mem_gb = f"{r.mem_mb / 1000:g} GB" + (" per node" if rule == "train" and m.train_nodes > 1 else "")
-            hours = f"{r.runtime / 60:g} h" if r.runtime >= 60 else f"{r.runtime} min"
+            mine = [v for (rl, sz, _), v in planned.items() if rl == rule and sz == size]
+            hours = f"{span(mine)} (plan)" if mine else span([r.runtime])
             cells.append(f"{what} / {r.cpus} / {mem_gb} / {hours}")
         if rule in ("prepare_data", "tables"):
             cells = [cells[0]] + ["same"] * (len(cells) - 1)

@@ -194,6 +194,15 @@ def test_the_lock_sets_each_commit_and_disagreeing_with_the_config_is_an_error(t
     (tmp_path / "bad.yaml").write_text("version: 1\nrepositories: {x: {repo_id: a}}\n")
     with pytest.raises(ArtifactError, match="bad.yaml: repositories.x: key 'repo_type' missing"):
         hub.read_lock(tmp_path / "bad.yaml")
+    # names with dots (qwen2.5-0.5b) are one key each
+    paper = load_config(ROOT / "config" / "paper.yaml")
+    qwen = {"repo_id": "Qwen/Qwen2.5-0.5B", "repo_type": "model", "revision": "main",
+            "commit": "b" * 40, "files": {}}
+    locked_paper = hub.apply_lock(paper, {"version": 1, "repositories": {"model:Qwen/Qwen2.5-0.5B": qwen}},
+                                  Path("hub.lock.yaml"))
+    assert locked_paper.models["qwen2.5-0.5b"].hub.commit == "b" * 40
+    assert "model:Qwen/Qwen2.5-0.5B" not in {u.key for u in hub.unlocked(locked_paper)}
+    assert "models.qwen2.5-1.5b.hub" in {u.where for u in hub.unlocked(locked_paper)}
     # the commit is a result key of what reads the model: the base model's job hash moves with it
     from stages.keys import job_hash_of
 
@@ -226,13 +235,13 @@ def test_which_files_a_job_reads():
     assert model_files(["config.json", "pytorch_model.bin"]) == ["config.json", "pytorch_model.bin"]
     names = ["README.md", "data/train-0.parquet", "data/test-0.parquet", "other/x.parquet"]
     assert readme_configs(CARD)[0]["config_name"] == "default"
-    test_only = hub.Repo("dataset", DATA, "main", "datasets.b.source", "default", "test")
+    test_only = hub.Repo("dataset", DATA, "main", ("datasets", "b", "source"), "default", "test")
     assert dataset_files(names, CARD, [test_only]) == ["README.md", "data/test-0.parquet"]
     assert dataset_files(names, "# no card metadata\n", [test_only]) == sorted(names[1:] + ["README.md"])
     from stages.fetch import FetchError
 
     with pytest.raises(FetchError, match=r"no configuration 'main' in its README.md \(datasets.b.source.config"):
-        dataset_files(names, CARD, [hub.Repo("dataset", DATA, "main", "datasets.b.source", "main", "test")])
+        dataset_files(names, CARD, [hub.Repo("dataset", DATA, "main", ("datasets", "b", "source"), "main", "test")])
 
 
 @pytest.mark.slow

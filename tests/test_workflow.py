@@ -91,6 +91,24 @@ def test_dry_run_paper_lists_the_grid_offline(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["paper.yaml", "beyond-80-20.yaml"])
+def test_every_gpu_jobs_walltime_in_a_dry_run_is_the_plans(name, tmp_path, monkeypatch):
+    """cost.walltime_margin: each GPU job asks for the plan's estimate x the margin (stages.cost.
+    planned_requests), not its rule's configured runtime (24-48 h trainings and 12 h checkpoint
+    evaluations before); the jobs the plan does not estimate keep theirs."""
+    from stages import cost
+    from stages.config import load_config
+
+    cfg = load_config(ROOT / "config" / name)
+    runtimes = dry_run_runtimes(paper_dry_run(ROOT / "config" / name, tmp_path, monkeypatch).stdout)
+    planned = cost.planned_requests(cfg, cost.runtime_limit(cfg)[0])
+    for rule in ("rollout", "token_stats", "train", "evaluate", "evaluate_checkpoint", "overlap"):
+        assert runtimes.get(rule, set()) == {v for (r, _, _), v in planned.items() if r == rule}, rule
+    assert runtimes["prepare_data"] == {cfg.resources.prepare_data.runtime}
+    assert max(runtimes.get("evaluate_checkpoint", set()) | runtimes["overlap"]) <= 60 * 3
+
+
+@pytest.mark.slow
 def test_dry_run_paper_with_the_ablation_presets(tmp_path, monkeypatch):
     raw = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     raw["experiment"]["methods"] += PAPER_ABLATIONS

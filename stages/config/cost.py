@@ -52,6 +52,18 @@ class Cost(Strict):
     startup_minutes: float = Field(
         10.0, ge=0, description="minutes each job and each resubmitted training spends before "
         "its first step or sample: loading the model and its state, starting vLLM")
+    # ours: the margin and the rounding; a GPU run's calibration narrows the margin
+    walltime_margin: float | None = Field(
+        None, ge=1, description="walltimes from the plan: each GPU job the plan estimates asks "
+        "for its estimate (start-up included; a training's whole work) x this margin, rounded up "
+        "to walltime_round_minutes, at most resources.<rule>.runtime (then the longest a job of "
+        "the rule asks for: a longer training continues over attempts) and the partition's limit; "
+        "a size's own resources.<rule>.sizes.<size>.runtime is a "
+        "request set by hand and wins (the plan warns where it is below the estimate). None: every "
+        "job asks for its configured runtime")
+    walltime_round_minutes: int = Field(
+        30, gt=0, description="walltimes from the plan are rounded up to a multiple of this, and "
+        "are at least this long")
     problems: dict[Name, Annotated[int, Field(gt=0)]] = Field(
         default_factory=dict, description="benchmark -> its number of problems, where the plan's "
         "table of known sources (stages.cost.KNOWN_PROBLEMS) lacks it")

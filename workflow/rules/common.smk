@@ -39,7 +39,7 @@ UNLOCKED = hub.unlocked(CFG)
 FETCH_HINT = (f"python -m stages.fetch --configfile {CONFIG_SOURCE}  (where the hub is reachable, "
               "before snakemake)")
 if UNLOCKED and workflow.exec_mode == ExecMode.DEFAULT:
-    print(f"note: {len(UNLOCKED)} hub source(s) not fetched yet ({HUB_LOCK} lacks "
+    print(f"note: {len({u.key for u in UNLOCKED})} hub repositories not fetched yet ({HUB_LOCK} lacks "
           f"{', '.join(sorted({u.key for u in UNLOCKED}))}): {FETCH_HINT}", file=sys.stderr)
 # Every job, local or through sbatch, inherits the run's caches and the hub's offline switches
 # (each stage sets them again itself: stages.cli); the parse below reads only local files.
@@ -60,7 +60,7 @@ if _PLAN:
 # most the partition's limit, become the training rule's `retries` (workflow/rules/train.smk);
 # None leaves the profile's. A size whose dimensions are unknown gets no estimate.
 from stages.core.plans.cost import partition_max_minutes
-from stages.cost import attempt_runtime, train_retries
+from stages.cost import attempt_runtime, planned_requests, train_retries
 from stages.cost import runtime_limit as cost_runtime_limit
 
 try:
@@ -69,6 +69,14 @@ try:
 except ConfigError as err:
     print(f"warning: no cost plan, so the profile's retries apply to training: {err}", file=sys.stderr)
     TRAIN_RETRIES = None
+# Walltimes from the plan (cost.walltime_margin): each GPU job's request, by (rule, size, method);
+# a job the plan does not estimate asks for its configured resources.<rule>.runtime.
+try:
+    PLANNED_RUNTIMES = planned_requests(CFG, cost_runtime_limit(CFG)[0])
+except ConfigError as err:
+    print(f"warning: no cost plan, so GPU jobs ask for their configured runtimes: {err}",
+          file=sys.stderr)
+    PLANNED_RUNTIMES = {}
 
 # The code paths of CPU jobs (numerics.cpu_isa): into the environment every job inherits, locally
 # and through sbatch, before any job's libraries start (stages.core.common.numerics).
@@ -220,12 +228,15 @@ def job_runtime_limit(rule, wildcards):
 _PARTITION_LIMITS = {}
 
 
-def job_runtime(rule, wildcards, attempt):
+def job_runtime(rule, wildcards, attempt, planned=None):
     """Walltime of one attempt, minutes (stages.cost.attempt_runtime): a training's request on
     every attempt (it resumes, and has as many attempts as the cost plan counts: TRAIN_RETRIES),
-    another job's request x attempt; capped at the partition's limit."""
-    return attempt_runtime(rule, job_request(rule, wildcards).runtime, attempt,
-                           job_runtime_limit(rule, wildcards))
+    another job's request x attempt; capped at the partition's limit. The request is the plan's
+    (PLANNED_RUNTIMES, under the rule's name in the plan: `planned`) where it estimates the job,
+    else resources.<rule>.runtime."""
+    key = (planned or rule, wildcards.get("size"), wildcards.get("method"))
+    request = PLANNED_RUNTIMES.get(key) or job_request(rule, wildcards).runtime
+    return attempt_runtime(rule, request, attempt, job_runtime_limit(rule, wildcards))
 
 
 def job_threads(rule):
@@ -245,8 +256,9 @@ def job_gpus_per_node(rule, wildcards):
     return job_gpus(rule, wildcards) // job_nodes(rule, wildcards)
 
 
-def job_resources(rule):
-    """`resources:` of a rule, used as `resources: **job_resources("train")`.
+def job_resources(rule, planned=None):
+    """`resources:` of a rule, used as `resources: **job_resources("train")`; `planned` names the
+    rule in the cost plan where it shares another rule's request (evaluate_checkpoint, overlap).
 
     One node: one task, and `gpu` (sbatch --gpus, the job's total); the job starts its workers
     itself (stages.launch, torchrun). Several nodes (a size's train_nodes > 1), in the plugin's
@@ -268,7 +280,7 @@ def job_resources(rule):
         "stage_python": STAGE_PYTHON,
         "cpus_per_task": job_threads(rule),
         "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
-        "runtime": lambda wildcards, attempt: job_runtime(rule, wildcards, attempt),
+        "runtime": lambda wildcards, attempt: job_runtime(rule, wildcards, attempt, planned),
         "gpu": lambda wildcards: None if multi(wildcards) else job_gpus(rule, wildcards),
         "gres": lambda wildcards: f"gpu:{gpus_per_node(wildcards)}"
         if multi(wildcards) and gpus_per_node(wildcards) else None,

@@ -23,7 +23,7 @@ rule evaluate_checkpoint:
         f"{RESULTS}/logs/evaluate_checkpoint/{{size}}/{{method}}/{{seed}}/{{step}}.log",
     threads: job_threads("evaluate")
     resources:
-        **job_resources("evaluate"),
+        **job_resources("evaluate", planned="evaluate_checkpoint"),
     shell:
         "{resources.stage_python} -m stages.evaluate --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {params.model}"

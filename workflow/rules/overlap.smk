@@ -14,7 +14,7 @@ rule overlap:
         f"{RESULTS}/logs/overlap/{{size}}/{{method}}/{{seed}}.log",
     threads: job_threads("token_stats")
     resources:
-        **job_resources("token_stats"),
+        **job_resources("token_stats", planned="overlap"),
     shell:
         "{resources.stage_python} -m stages.overlap --config {params.config} --size {wildcards.size}"
         " --method {wildcards.method} --seed {wildcards.seed} --model {input.model}"

@@ -57,13 +57,18 @@ class Repo:
     repo_type: str  # "model" or "dataset"
     repo_id: str
     revision: str
-    where: str
+    path: tuple[str, ...]  # the config's section that names it (names may hold dots)
     config: str | None = None  # a data set's configuration and split (which files to fetch)
     split: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.repo_type}:{self.repo_id}"
+
+    @property
+    def where(self) -> str:
+        """The dotted config key of its section (models.qwen2.5-7b.hub)."""
+        return ".".join(self.path)
 
 
 def cache_root(cfg) -> Path | None:
@@ -121,12 +126,12 @@ def all_uses(cfg) -> list[Repo]:
     for size in cfg.experiment.sizes:
         m = cfg.models[size]
         if m.source == "hub" and not is_local(m.hub.model_id):
-            out.append(Repo("model", m.hub.model_id, m.hub.revision, f"models.{size}.hub"))
+            out.append(Repo("model", m.hub.model_id, m.hub.revision, ("models", size, "hub")))
     for name in cfg.used_datasets():
         src = cfg.datasets[name].source
         if src.kind == "hub" and not is_local(src.dataset):
             out.append(Repo("dataset", src.dataset, src.revision or "main",
-                            f"datasets.{name}.source", src.config, src.split))
+                            ("datasets", name, "source"), src.config, src.split))
     return out
 
 
@@ -183,7 +188,7 @@ def apply_lock(cfg, lock: dict, lock_file: Path):
                 f"{lock_file}: {use.key} is locked at revision {entry['revision']!r}, "
                 f"{use.where}.revision asks for {use.revision!r}: move the lock on purpose with "
                 f"python -m stages.fetch --configfile CONFIG --refresh {use.repo_id}")
-        section = _at(data, use.where)
+        section = _at(data, use.path)
         if section.get("commit") not in (None, entry["commit"]):
             raise ArtifactError(
                 f"{use.where}.commit: {section['commit']!r}, but {lock_file} holds "
@@ -192,8 +197,8 @@ def apply_lock(cfg, lock: dict, lock_file: Path):
     return type(cfg).model_validate(data)
 
 
-def _at(tree: dict, dotted: str) -> dict:
-    for part in dotted.split("."):
+def _at(tree: dict, path: tuple[str, ...]) -> dict:
+    for part in path:
         tree = tree[part]
     return tree
 
@@ -202,7 +207,7 @@ def unlocked(cfg) -> list[Repo]:
     """The configured hub repositories that have no commit yet (no lock, or not in it)."""
     out = []
     for use in all_uses(cfg):
-        section = _at(cfg.model_dump(mode="json"), use.where)
+        section = _at(cfg.model_dump(mode="json"), use.path)
         if not section.get("commit"):
             out.append(use)
     return out
@@ -255,5 +260,5 @@ def locked_folder(cfg, repo_type: str, repo_id: str, commit: str | None, where: 
 def sources(cfg) -> dict[str, Any]:
     """The hub commits a run's results come from, for provenance: {type:id: {revision, commit}}."""
     return {use.key: {"revision": use.revision,
-                      "commit": _at(cfg.model_dump(mode="json"), use.where).get("commit")}
+                      "commit": _at(cfg.model_dump(mode="json"), use.path).get("commit")}
             for use in all_uses(cfg)}
