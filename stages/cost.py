@@ -264,7 +264,13 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
     request = planned_request(cfg, "train", size, work_min + rates.startup_minutes)
     attempt = attempt_minutes(request, limit)
     resumes = t.checkpoint_every < t.steps  # a state is written only before the last step
-    lost = t.checkpoint_every * step_min if resumes else work_min
+    # what a time limit costs: with a SIGURG lead of at least a step, the trainer saves at the
+    # step's end and exits before the limit, wasting at most the lead; with a shorter one the
+    # limit cuts a step and the next attempt starts from the last resume state (at worst a whole
+    # checkpoint interval)
+    lead = t.save_before_limit_minutes
+    saves = resumes and lead is not None and lead >= step_min
+    lost = (lead if saves else t.checkpoint_every * step_min) if resumes else work_min
     n = cc.attempts(work_min, attempt, rates.startup_minutes, lost)
     wall = cc.wall_minutes(work_min, n, rates.startup_minutes, lost) if n else work_min
     w = dtype_bytes(t.dtype)
@@ -287,6 +293,10 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
         f"forwards over {approx(trained / 1e6)}M trained tokens x {approx(fwd / 1e9)} GFLOP: "
         f"{shown}; generation at 2 P_mm FLOPs per token uses {approx(100 * decode)}% of the "
         f"GPUs' peak",
+        f"a time limit loses up to {hours(lost)} ("
+        + ("the SIGURG lead: train.save_before_limit_minutes covers a step)" if saves else
+           f"train.checkpoint_every {t.checkpoint_every} steps: the SIGURG lead is shorter than "
+           "a step)" if resumes else "no resume state: the whole run)"),
         f"disk: {1 + checkpoints} Hugging Face checkpoint(s) of {size_of(kept / (1 + checkpoints))}"
         + (f"; resume states up to 2 x {size_of(transient / 2)} while it runs" if resumes else ""),
     ]
@@ -411,6 +421,14 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
             warnings.append(f"{name}: estimated {hours(r.work_min)} of work, more than its walltime "
                             f"of {hours(r.attempt_min)}: about {r.attempts} attempts, resumed "
                             f"from its checkpoints (the training rule's retries)")
+            lead = cfg.train_for(r.methods[0], r.size).save_before_limit_minutes
+            step = r.work_min / r.steps
+            if lead is None or lead < step:
+                warnings.append(
+                    f"{name}: train.save_before_limit_minutes ({'unset' if lead is None else hours(lead)})"
+                    f" is shorter than a step (about {hours(step)}): each time limit cuts a step and "
+                    f"the next attempt falls back to the last resume state; set it (models."
+                    f"{r.size}.train) above one step plus a save")
     snapshots = sum(2.0 * model_arch(cfg, s).params for s in exp.sizes  # bf16 on the hub
                     if cfg.models[s].source == "hub")
     return CostPlan(source, rows, limit, limit_source, warnings, problems, snapshots)

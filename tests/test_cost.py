@@ -223,8 +223,10 @@ def test_an_8020_training_of_8b_by_hand():
     pass_s = flops / (8 * 989e12 * 0.25)
     step_s = gen_s + (1 + 15 / 16 + 4) * pass_s + 60
     assert job.work_min == pytest.approx(1000 * step_s / 60)
-    # 168 h attempts, 15 min start-up, a kill losing 10 steps: the attempts by hand
-    lost = 10 * step_s / 60
+    # 168 h attempts, 15 min start-up, a limit losing at most the SIGURG lead (150 min, above a
+    # step: the trainer saves at the step's end): the attempts by hand
+    assert step_s / 60 < 150
+    lost = 150
     first, useful = 10080 - 15, 10080 - 15 - lost
     assert job.attempts == 1 + -(-(job.work_min - first) // useful)
     assert job.attempts > 1
@@ -232,6 +234,22 @@ def test_an_8020_training_of_8b_by_hand():
     assert "generation at 2 P_mm FLOPs per token uses 4.6% of the GPUs' peak" in job.detail[1]
     assert job.kept_bytes == 20 * 2 * Q8.params  # 19 curve checkpoints (save_every 50) + final
     assert job.transient_bytes == 2 * 14 * Q8.params
+
+
+def test_a_lead_shorter_than_a_step_loses_the_checkpoint_interval_and_is_warned():
+    r = raw("beyond-80-20")
+    r["models"]["qwen3-8b"]["train"]["save_before_limit_minutes"] = 10
+    short = validate(r, "short.yaml")
+    job = cost.train_cost(short, "qwen3-8b", "dapo", None)
+    step = job.work_min / job.steps
+    assert "a time limit loses up to" in job.detail[2] and "shorter than a step" in job.detail[2]
+    covered = cost.train_cost(cfg_of("beyond-80-20"), "qwen3-8b", "dapo", None)
+    assert job.attempts > covered.attempts  # each limit costs up to 10 steps, not 150 minutes
+    assert cost.cc.hours(10 * step) in job.detail[2]
+    plan = cost.cost_plan(short)
+    assert any("qwen3-8b (dapo): train.save_before_limit_minutes (10 min) is shorter than a step"
+               in w for w in plan.warnings)
+    assert not any("qwen3-14b" in w and "shorter than a step" in w for w in plan.warnings)
 
 
 def test_the_partition_limit_adds_attempts():
@@ -367,6 +385,8 @@ def test_cli_json(capsys):
 def test_cli_exits_1_where_a_training_never_finishes(tmp_path, capsys):
     r = raw("beyond-80-20")
     r["train"]["checkpoint_every"] = 500  # 500 steps of ~2 h between states, in 7-day attempts
+    for size in r["models"].values():  # and a SIGURG lead shorter than a step: no save at the limit
+        size.get("train", {}).pop("save_before_limit_minutes", None)
     path = write_yaml(tmp_path / "never.yaml", r)
     assert plan_cli.main(["--configfile", str(path), "--cost"]) == 1
     assert "would never get past a resume state" in capsys.readouterr().err
