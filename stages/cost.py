@@ -75,8 +75,9 @@ class JobCost:
 
     @property
     def requested_gpu_hours(self) -> float:
-        """One attempt of every job at its request (what the reviewer's arithmetic counts)."""
-        return self.jobs * self.gpus * self.request_min / 60
+        """Every attempt of every job at its walltime (a training's attempts as the plan counts
+        them; another job's one): what the jobs reserve if each runs to its limit."""
+        return self.jobs * self.gpus * (self.attempts or 1) * self.attempt_min / 60
 
     def key(self) -> tuple:
         """What two rows must share to be printed as one."""
@@ -498,7 +499,13 @@ def render(plan: CostPlan, cfg: Config) -> str:
         if r.methods:
             lines.append(f"    methods: {', '.join(r.methods)}")
         lines += [f"    {d}" for d in r.detail]
-    lines += ["", *totals_lines(plan), *[f"assumed: {a}" for a in assumptions(cfg)]]
+    steps = sorted({cfg.train_for(m, r.size).steps for r in plan.rows if r.rule == "train"
+                    for m in r.methods})
+    lines += ["", *totals_lines(plan)]
+    if steps:
+        lines.append(f"the trainings' GPU-hours scale with train.steps: "
+                     f"{', '.join(f'{n:,}' for n in steps)} (the config's)")
+    lines += [f"assumed: {a}" for a in assumptions(cfg)]
     limit = (f"{hours(plan.limit)} ({plan.limit_source})" if plan.limit is not None
              else "none known (resources.max_runtime, or scontrol where SLURM is installed)")
     lines.append(f"partition limit per attempt: {limit}")
@@ -507,7 +514,7 @@ def render(plan: CostPlan, cfg: Config) -> str:
 
 def totals_lines(plan: CostPlan) -> list[str]:
     return [f"total: {plan.jobs:,} GPU jobs, about {approx(plan.gpu_hours)} GPU-hours "
-            f"(one attempt of every job at its request: {approx(plan.requested_gpu_hours)}); "
+            f"(every attempt of every job at its walltime: {approx(plan.requested_gpu_hours)}); "
             f"longest chain of jobs about {hours(plan.chain_min())} (a GPU for every job, no "
             f"queueing)",
             f"disk: about {size_of(plan.kept_bytes)} kept (Hugging Face checkpoints, rollouts, "
@@ -520,8 +527,8 @@ def totals_lines(plan: CostPlan) -> list[str]:
 
 def summary_table(plans: list[CostPlan]) -> str:
     """The reproductions' totals as one Markdown table (README and docs/cluster.md print it)."""
-    rows = [["configuration", "GPU jobs", "GPU-hours (est.)", "GPU-hours requested (one attempt "
-             "each)", "longest chain (est.)", "disk kept (est.)", "resume states (all at once)"]]
+    rows = [["configuration", "GPU jobs", "GPU-hours (est.)", "GPU-hours requested (every "
+             "attempt)", "longest chain (est.)", "disk kept (est.)", "resume states (all at once)"]]
     rows.append(["---"] * len(rows[0]))
     for p in plans:  # the requests are the config's own numbers, not estimates: exact
         rows.append([f"`{p.source}`", f"{p.jobs:,}", approx(p.gpu_hours),

@@ -290,6 +290,12 @@ def test_the_requests_follow_the_plan():
             if r.rule != "train":
                 assert r.wall_min <= r.request_min <= math.ceil(r.wall_min * 1.5 / 30) * 30
     assert paper.requested_gpu_hours < 1.7 * paper.gpu_hours  # was 11.5 x
+    # every attempt of every job at its walltime: the 80/20 trainings' 11 to 20 week-long attempts
+    trains = [r for r in beyond.rows if r.rule == "train"]
+    assert all(r.attempts > 10 and r.attempt_min == 10080 for r in trains)
+    assert sum(r.requested_gpu_hours for r in trains) == sum(
+        r.jobs * r.gpus * r.attempts * 10080 / 60 for r in trains)
+    assert beyond.requested_gpu_hours > beyond.gpu_hours
     ckpt = sum(r.requested_gpu_hours for r in beyond.rows if r.rule == "evaluate_checkpoint")
     # 114 checkpoint evaluations of about 25 min, an hour each (38 x (2 + 4 + 4) GPU-hours); they
     # asked for 12 h each by hand: 4,560
