@@ -180,18 +180,16 @@ def problems_of(cfg: Config, name: str) -> int:
 
 def runtime_limit(cfg: Config, query: bool = True) -> tuple[int | None, str]:
     """(the longest walltime a GPU job may ask for, minutes, or None; where it comes from):
-    resources.max_runtime, else the MaxTime of the partition GPU jobs go to ($ICT_GPU_PARTITION,
-    else $SBATCH_PARTITION, else the cluster's default; common.smk's job_partition) from
-    `scontrol show partition` when `query` and scontrol exists."""
+    resources.max_runtime, else the lower of the MaxTime of the partition GPU jobs go to
+    ($ICT_GPU_PARTITION, else $SBATCH_PARTITION, else the cluster's default; common.smk's
+    job_partition; `scontrol show partition`) and the MaxWall of the jobs' QOS ($SBATCH_QOS;
+    `sacctmgr show qos`), when `query` and the commands exist."""
     if cfg.resources.max_runtime is not None:
         return cfg.resources.max_runtime, "resources.max_runtime"
     if not query:
         return None, ""
     partition = os.environ.get("ICT_GPU_PARTITION") or os.environ.get("SBATCH_PARTITION") or None
-    minutes = cc.partition_max_minutes(partition)
-    if minutes is None:
-        return None, ""
-    return minutes, f"MaxTime of partition {partition or '(default)'} (scontrol)"
+    return cc.site_max_minutes(partition, os.environ.get("SBATCH_QOS") or None)
 
 
 def planned_request(cfg: Config, rule: str, size: str, need_min: float) -> int:

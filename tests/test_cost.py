@@ -136,6 +136,36 @@ def test_partition_limits_from_scontrol(monkeypatch):
     assert cc.partition_max_minutes("gpu", run) is None  # no SLURM here: no limit
 
 
+# `sacctmgr --noheader --parsable2 show qos NAME format=Name,MaxWall` as SLURM 24.11 prints it
+SACCTMGR = {"normal": "normal|2-00:00:00\n", "long": "long|\n", "short": "short|04:00:00\n",
+            "mins": "mins|90\n"}
+
+
+def test_qos_limits_from_sacctmgr_and_the_lower_of_the_two(monkeypatch):
+    def run(cmd, **kw):
+        if cmd[0] == "scontrol":
+            return subprocess.CompletedProcess(cmd, 0, SCONTROL, "")
+        assert cmd[:5] == ["sacctmgr", "--noheader", "--parsable2", "show", "qos"]
+        return subprocess.CompletedProcess(cmd, 0, SACCTMGR.get(cmd[5], ""), "")
+
+    monkeypatch.setattr(cc.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert cc.qos_max_minutes("normal", run) == 2880
+    assert cc.qos_max_minutes("short", run) == 240 and cc.qos_max_minutes("mins", run) == 90
+    assert cc.qos_max_minutes("long", run) is None  # no MaxWall set
+    assert cc.qos_max_minutes("absent", run) is None and cc.qos_max_minutes(None, run) is None
+    nodb = lambda cmd, **kw: subprocess.CompletedProcess(  # noqa: E731
+        cmd, 1, "", "sacctmgr: error: Problem talking to the database")
+    assert cc.qos_max_minutes("normal", nodb) is None  # no slurmdbd: no QOS limit known
+    # the lower limit wins, and says where it comes from
+    assert cc.site_max_minutes("gpu", "short", run) == (240, "MaxWall of QOS short (sacctmgr)")
+    assert cc.site_max_minutes("cpu", "normal", run) == (1440, "MaxTime of partition cpu (scontrol)")
+    assert cc.site_max_minutes("long", "long", run) == (None, "")
+    monkeypatch.setenv("SBATCH_QOS", "short")
+    monkeypatch.setenv("ICT_GPU_PARTITION", "gpu")
+    monkeypatch.setattr(cc.subprocess, "run", run)
+    assert cost.runtime_limit(cfg_of("paper")) == (240, "MaxWall of QOS short (sacctmgr)")
+
+
 @pytest.mark.parametrize("x, text", [(0, "0"), (1234, "1,200"), (15_900, "16,000"), (2.47, "2.5"),
                                      (9.96, "10"), (0.031, "0.031"), (203_000, "200,000")])
 def test_two_significant_digits(x, text):

@@ -55,8 +55,8 @@ class Resources(Strict):
         None, gt=0, description="the longest walltime the site's partitions allow, minutes (their "
         "MaxTime): every job's request, resubmissions included, is capped at it, and the cost plan "
         "counts a training's attempts of at most this long (None: ask SLURM, `scontrol show "
-        "partition`, for the partition each job goes to, where scontrol exists; no cap without "
-        "either)")
+        "partition` for the partition each job goes to and `sacctmgr show qos` for the MaxWall of "
+        "$SBATCH_QOS, where they exist, and take the lower; no cap without either)")
 
     def of(self, rule: str, size: str | None = None) -> RuleResources:
         """The request of one rule's jobs (for one model size where the rule runs per size)."""

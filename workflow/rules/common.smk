@@ -59,7 +59,7 @@ if _PLAN:
 # The cost plan (python -m stages.plan --cost): the attempts of the longest GPU training, each at
 # most the partition's limit, become the training rule's `retries` (workflow/rules/train.smk);
 # None leaves the profile's. A size whose dimensions are unknown gets no estimate.
-from stages.core.plans.cost import partition_max_minutes
+from stages.core.plans.cost import site_max_minutes
 from stages.cost import attempt_runtime, planned_requests, train_retries
 from stages.cost import runtime_limit as cost_runtime_limit
 
@@ -215,13 +215,15 @@ def job_partition(rule, wildcards):
 
 def job_runtime_limit(rule, wildcards):
     """The longest walltime a job of `rule` may ask for, minutes: resources.max_runtime, else the
-    MaxTime of the partition it goes to (`scontrol show partition`, once per partition; None where
-    unlimited or SLURM is not installed). A partition set with --set-resources is not seen here."""
+    lower of the MaxTime of the partition it goes to (`scontrol show partition`) and the MaxWall
+    of the QOS in $SBATCH_QOS (`sacctmgr show qos`, which needs slurmdbd), each asked once; None
+    where both are unlimited or SLURM is not installed. A partition set with --set-resources is
+    not seen here."""
     if CFG.resources.max_runtime is not None:
         return CFG.resources.max_runtime
     partition = job_partition(rule, wildcards)
     if partition not in _PARTITION_LIMITS:
-        _PARTITION_LIMITS[partition] = partition_max_minutes(partition)
+        _PARTITION_LIMITS[partition] = site_max_minutes(partition, os.environ.get("SBATCH_QOS") or None)[0]
     return _PARTITION_LIMITS[partition]
 
 

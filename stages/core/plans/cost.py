@@ -163,11 +163,12 @@ def slurm_minutes(text: str) -> int | None:
 
 
 def partition_max_minutes(partition: str | None,
-                          run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> int | None:
+                          run: Callable[..., subprocess.CompletedProcess] | None = None) -> int | None:
     """The MaxTime of `partition` (None: the cluster's default partition) in minutes, from
     `scontrol show partition`; None when it is unlimited, or scontrol is missing or fails."""
     if shutil.which("scontrol") is None:
         return None
+    run = run or subprocess.run
     try:
         proc = run(["scontrol", "show", "partition", "--oneliner", *([partition] if partition else [])],
                    capture_output=True, text=True, timeout=10)
@@ -186,6 +187,42 @@ def partition_max_minutes(partition: str | None,
         except ValueError:
             return None
     return None
+
+
+def qos_max_minutes(qos: str | None,
+                    run: Callable[..., subprocess.CompletedProcess] | None = None) -> int | None:
+    """The MaxWall of QOS `qos` in minutes, from `sacctmgr show qos` (which needs SLURM's
+    accounting database, slurmdbd); None where no QOS is named, its MaxWall is unset or unlimited,
+    or sacctmgr is missing or fails."""
+    if not qos or shutil.which("sacctmgr") is None:
+        return None
+    run = run or subprocess.run
+    try:
+        proc = run(["sacctmgr", "--noheader", "--parsable2", "show", "qos", qos,
+                    "format=Name,MaxWall"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        name, _, wall = line.partition("|")
+        if name.strip() != qos:
+            continue
+        try:
+            return slurm_minutes(wall) if wall.strip() else None
+        except ValueError:
+            return None
+    return None
+
+
+def site_max_minutes(partition: str | None, qos: str | None,
+                     run: Callable[..., subprocess.CompletedProcess] | None = None) -> tuple[int | None, str]:
+    """(the longest walltime a job may ask for, minutes, or None; where it comes from): the lower
+    of the partition's MaxTime and the QOS's MaxWall."""
+    limits = [(m, what) for m, what in (
+        (partition_max_minutes(partition, run), f"MaxTime of partition {partition or '(default)'} (scontrol)"),
+        (qos_max_minutes(qos, run), f"MaxWall of QOS {qos} (sacctmgr)")) if m is not None]
+    return min(limits) if limits else (None, "")
 
 
 # ---------------------------------------------------------------------------------------------
