@@ -109,6 +109,38 @@ def test_every_gpu_jobs_walltime_in_a_dry_run_is_the_plans(name, tmp_path, monke
 
 
 @pytest.mark.slow
+def test_a_gpu_type_and_a_node_feature_reach_the_gpu_jobs_once(tmp_path, monkeypatch):
+    """$ICT_GPU_MODEL and $ICT_GPU_CONSTRAINT: a GPU job on one node asks for --gpus=<model>:<n>
+    (the plugin's gpu_model), one on several nodes for --gres=gpu:<model>:<per node> and no
+    --gpus, each with -C <feature>; jobs without GPUs ask for neither. The sbatch arguments are
+    the installed SLURM plugin's own (set_gres_string)."""
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    monkeypatch.setenv("ICT_GPU_MODEL", "h100")
+    monkeypatch.setenv("ICT_GPU_CONSTRAINT", "ib")
+    proc = paper_dry_run(ROOT / "config" / "beyond-80-20.yaml", tmp_path, monkeypatch)
+    jobs = {}
+    for block in proc.stdout.split("\nrule ")[1:]:
+        name, res = block.split(":", 1)[0], re.search(r"resources: (.*)", block)
+        size = re.search(r"size=(qwen3-\d+b)", block)
+        jobs[(name, size[1] if size else None)] = dict(
+            kv.split("=", 1) for kv in res[1].split(", ") if "=" in kv)
+
+    class Job:  # what set_gres_string reads of a job: its resources, by key and attribute
+        def __init__(self, res):
+            self.resources = type("R", (dict,), {"__getattr__": dict.get})(res)
+
+    one, two = jobs[("train", "qwen3-8b")], jobs[("train", "qwen3-32b")]
+    assert (one["gpu"], one["gpu_model"], one["constraint"]) == ("8", "h100", "ib")
+    assert set_gres_string(Job(one)).split() == ["--gpus=h100:8"]
+    assert "gpu" not in two and "gpu_model" not in two and two["constraint"] == "ib"
+    assert set_gres_string(Job(two)).split() == ["--gres=gpu:h100:8"]
+    assert set_gres_string(Job(jobs[("evaluate", "qwen3-14b")])).split() == ["--gpus=h100:4"]
+    cpu = jobs[("prepare_data", None)]
+    assert "gpu_model" not in cpu and "constraint" not in cpu and cpu["gpu"] == "0"
+
+
+@pytest.mark.slow
 def test_dry_run_paper_with_the_ablation_presets(tmp_path, monkeypatch):
     raw = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     raw["experiment"]["methods"] += PAPER_ABLATIONS

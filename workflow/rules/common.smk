@@ -193,6 +193,9 @@ def job_hash(rule):
 # for the GPU partition), so neither the config nor the profile names a site.
 GPU_RULES = set(Gpus.model_fields)
 SITE_ENV = {"slurm_account": "SBATCH_ACCOUNT", "qos": "SBATCH_QOS"}
+# A GPU type and a node feature for the jobs with GPUs (the site's names: `sinfo -o "%G %f"`)
+GPU_MODEL = os.environ.get("ICT_GPU_MODEL") or None
+GPU_CONSTRAINT = os.environ.get("ICT_GPU_CONSTRAINT") or None
 
 
 def job_request(rule, wildcards):
@@ -284,8 +287,14 @@ def job_resources(rule, planned=None):
         "mem_mb": lambda wildcards: job_request(rule, wildcards).mem_mb,
         "runtime": lambda wildcards, attempt: job_runtime(rule, wildcards, attempt, planned),
         "gpu": lambda wildcards: None if multi(wildcards) else job_gpus(rule, wildcards),
-        "gres": lambda wildcards: f"gpu:{gpus_per_node(wildcards)}"
+        # a GPU type: --gpus=<model>:<n> for a job on one node (the plugin's gpu_model), and in
+        # the gres of a job on several (gpu:<model>:<per node>), which must not ask twice
+        "gpu_model": lambda wildcards: GPU_MODEL
+        if GPU_MODEL and not multi(wildcards) and job_gpus(rule, wildcards) else None,
+        "gres": lambda wildcards: f"gpu:{GPU_MODEL + ':' if GPU_MODEL else ''}{gpus_per_node(wildcards)}"
         if multi(wildcards) and gpus_per_node(wildcards) else None,
+        "constraint": lambda wildcards: GPU_CONSTRAINT
+        if GPU_CONSTRAINT and job_gpus(rule, wildcards) else None,
         "nodes": lambda wildcards: job_nodes(rule, wildcards),
         "mpi": lambda wildcards: "srun" if multi(wildcards) else None,
         "tasks": lambda wildcards: job_nodes(rule, wildcards) if multi(wildcards) else None,
