@@ -24,23 +24,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import fnmatch
 import hashlib
 import shutil
 import sys
 from pathlib import Path
-
-import yaml
 
 from .config import ConfigError, load_config
 from .core.common import hub
 from .core.common.io import ArtifactError
 from .core.common.progress import progress
 
-
-class FetchError(ArtifactError):
-    """A repository that cannot be fetched: the message names it, the config key and the fix."""
-
+FetchError = hub.FetchError
 
 def git_blob_id(path: Path) -> str:
     """The git object id of a file (what the hub reports for a file not stored in LFS)."""
@@ -57,11 +51,25 @@ def _fix(use: hub.Repo) -> str:
 
 
 def resolve(api, use: hub.Repo, revision: str):
-    """The hub's record of `use` at `revision` (its commit and files), or a FetchError that names
-    the repository, the config key and the fix."""
+    """The hub's record of `use` at `revision` (its commit and files), after checking that this
+    node's token may read its files (a gated repository answers its record to anyone, and refuses
+    the files), or a FetchError that names the repository, the config key and the fix."""
+    def info():
+        api.auth_check(use.repo_id, repo_type=use.repo_type)
+        return api.repo_info(use.repo_id, repo_type=use.repo_type, revision=revision,
+                             files_metadata=True)
+
+    return hub_call(api, use, revision, info)
+
+
+def hub_call(api, use: hub.Repo, revision: str, call):
+    """`call()`, with the hub client's errors turned into a FetchError that names the repository,
+    the config key and the fix."""
     from huggingface_hub.errors import (
+        EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -69,8 +77,10 @@ def resolve(api, use: hub.Repo, revision: str):
 
     name = f"{use.repo_type} {use.repo_id}"
     try:
-        return api.repo_info(use.repo_id, repo_type=use.repo_type, revision=revision,
-                             files_metadata=True)
+        return call()
+    except HFValidationError as err:
+        raise FetchError(f"{name} ({_fix(use)}): neither a folder on this node nor a hub "
+                         f"repository id ({err})") from None
     except GatedRepoError:
         raise FetchError(
             f"{name} ({_fix(use)}) is gated: accept its terms at {api.endpoint}/"
@@ -78,6 +88,8 @@ def resolve(api, use: hub.Repo, revision: str):
             "then give this node a token (export HF_TOKEN=..., or `hf auth login`)") from None
     except RevisionNotFoundError:
         raise FetchError(f"{name}: no revision {revision!r} ({use.where}.revision)") from None
+    except EntryNotFoundError as err:
+        raise FetchError(f"{name}@{revision[:12]}: a file listed by the hub is missing: {err}") from None
     except RepositoryNotFoundError:
         raise FetchError(f"{name} ({_fix(use)}): no such repository on {api.endpoint}, or a private "
                          "one this node's token (HF_TOKEN) cannot see") from None
@@ -96,35 +108,6 @@ def resolve(api, use: hub.Repo, revision: str):
         raise
 
 
-def readme_configs(text: str) -> list[dict]:
-    """The `configs:` list of a data set card's YAML front matter ([] where it has none)."""
-    if not text.startswith("---"):
-        return []
-    end = text.find("\n---", 3)
-    if end < 0:
-        return []
-    try:
-        meta = yaml.safe_load(text[3:end]) or {}
-    except yaml.YAMLError:
-        return []
-    configs = meta.get("configs") if isinstance(meta, dict) else None
-    return configs if isinstance(configs, list) else []
-
-
-def _patterns(data_files, split: str | None) -> list[str]:
-    """The file patterns of one config's data_files for `split` (all of them where unsplit)."""
-    if isinstance(data_files, str):
-        return [data_files]
-    out = []
-    for item in data_files or []:
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, dict) and (split is None or item.get("split") == split):
-            path = item.get("path")
-            out += [path] if isinstance(path, str) else list(path or [])
-    return out
-
-
 def model_files(names: list[str]) -> list[str]:
     """The files of a model repository a job reads: top-level configs, tokenizer files and the
     safetensors weights (PyTorch .bin weights only where there are no safetensors)."""
@@ -137,26 +120,16 @@ def model_files(names: list[str]) -> list[str]:
 
 def dataset_files(names: list[str], readme: str | None, uses: list[hub.Repo]) -> list[str]:
     """README.md and the data files the uses' configs and splits map to (every data file where
-    the card has no `configs:`); a config the card lacks is a FetchError naming the key."""
-    configs = readme_configs(readme or "")
-    data = [n for n in names if n.endswith(hub.DATA_FILES) and not n.startswith(".")]
-    if not configs:
-        chosen = set(data)
-    else:
-        by_name = {c.get("config_name", "default"): c for c in configs if isinstance(c, dict)}
-        chosen = set()
-        for use in uses:
-            name = use.config or next((n for n, c in by_name.items() if c.get("default")),
-                                      "default" if "default" in by_name else next(iter(by_name)))
-            if name not in by_name:
-                raise FetchError(f"dataset {use.repo_id}: no configuration {name!r} in its README.md "
-                                 f"({use.where}.config; it has {sorted(by_name)})")
-            pats = _patterns(by_name[name].get("data_files"), use.split)
-            hits = {n for n in names for p in pats if fnmatch.fnmatch(n, p)}
-            if not hits:
-                raise FetchError(f"dataset {use.repo_id}: no file of configuration {name!r}, split "
-                                 f"{use.split!r} ({use.where}.split; patterns {pats})")
-            chosen |= hits
+    the card has no `configs:`); a config the card lacks, or no data file at all, is a FetchError
+    naming the key."""
+    chosen: set[str] = set()
+    for use in uses:
+        files = hub.use_files(names, readme, use)
+        chosen |= set(files) if files is not None else {
+            n for n in names if n.endswith(hub.DATA_FILES) and not n.startswith(".")}
+    if not chosen:
+        raise FetchError(f"dataset {uses[0].repo_id}: no data file ({', '.join(hub.DATA_FILES)}) "
+                         f"in the repository ({uses[0].where}.dataset)")
     if "README.md" in names:
         chosen.add("README.md")
     return sorted(chosen)
@@ -166,15 +139,12 @@ def download(use: hub.Repo, commit: str, files: list[str], store: Path, sizes: d
              bar) -> Path:
     """Download `files` of one commit into the store (already present ones are not fetched
     again); returns the snapshot folder."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import HfApi, hf_hub_download
 
+    api = HfApi()
     for rel in files:
-        try:
-            hf_hub_download(use.repo_id, rel, repo_type=use.repo_type, revision=commit,
-                            cache_dir=store)
-        except Exception as err:  # noqa: BLE001 - the hub client raises many types
-            raise FetchError(f"{use.repo_type} {use.repo_id}@{commit[:12]}: cannot download {rel}: "
-                             f"{type(err).__name__}: {err}") from None
+        hub_call(api, use, commit, lambda rel=rel: hf_hub_download(
+            use.repo_id, rel, repo_type=use.repo_type, revision=commit, cache_dir=store))
         bar.update(sizes.get(rel, 0))
     return hub.snapshot_dir(store, use.repo_type, use.repo_id, commit)
 
@@ -222,14 +192,18 @@ def plan_repo(api, uses: list[hub.Repo], entry: dict | None, refresh: bool, stor
     else:
         readme = _readme(use, info.sha, store) if "README.md" in meta else None
         chosen = dataset_files(names, readme, uses)
+    folder = hub.snapshot_dir(store, use.repo_type, use.repo_id, info.sha)
+    todo = [f for f in chosen if not ((folder / f).is_file()
+                                      and (folder / f).stat().st_size == meta[f]["size"])]
     return {"use": use, "commit": info.sha, "files": {f: {"size": meta[f]["size"]} for f in chosen},
-            "meta": meta, "entry": entry, "todo": chosen,
+            "meta": meta, "entry": entry, "todo": todo,
             "moved": entry is not None and entry["commit"] != info.sha}
 
 
 def _needs_listing(uses: list[hub.Repo], entry: dict) -> bool:
     """Whether a data set's configured uses changed since the lock was written (a new split)."""
-    return uses[0].repo_type == "dataset" and sorted(u.where for u in uses) != sorted(entry.get("uses", []))
+    return (uses[0].repo_type == "dataset" and "uses" in entry
+            and not {u.where for u in uses} <= set(entry["uses"]))
 
 
 def _new_files(api, uses, commit, wanted, store: Path) -> dict:
@@ -247,10 +221,10 @@ def _meta(info) -> dict[str, dict]:
 
 
 def _readme(use: hub.Repo, commit: str, store: Path) -> str:
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import HfApi, hf_hub_download
 
-    path = hf_hub_download(use.repo_id, "README.md", repo_type=use.repo_type, revision=commit,
-                           cache_dir=store)
+    path = hub_call(HfApi(), use, commit, lambda: hf_hub_download(
+        use.repo_id, "README.md", repo_type=use.repo_type, revision=commit, cache_dir=store))
     return Path(path).read_text(errors="replace")
 
 
@@ -347,10 +321,11 @@ def fetch(cfg, source: str, refresh: list[str] | None, *, out=sys.stdout) -> int
         entries[use.key] = {
             "repo_id": use.repo_id, "repo_type": use.repo_type, "revision": use.revision,
             "commit": commit, "uses": sorted(u.where for u in uses_of[use.key]),
-            "fetched": old["fetched"] if old is not None and old["commit"] == commit
+            "fetched": old.get("fetched") if old is not None and old["commit"] == commit
             and not p["todo"] else datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "files": dict(sorted(files.items())),
         }
+    lock["store"] = str(store.resolve())  # where the jobs must find the snapshots
     lock["repositories"] = dict(sorted(entries.items()))
     if hub.read_lock(path) != lock:
         hub.write_lock(path, lock)
@@ -362,7 +337,7 @@ def fetch(cfg, source: str, refresh: list[str] | None, *, out=sys.stdout) -> int
     if moved:
         print("the lock moved; the jobs that read these commits rerun (`snakemake -n` lists them):\n  "
               + "\n  ".join(moved), file=out)
-    print(f"lock: {path}", file=out)
+    print(f"lock: {path.resolve()} (snapshots in {store.resolve()})", file=out)
     return 0
 
 

@@ -3,8 +3,8 @@
 It answers what the client's download path asks (huggingface_hub 1.x, file_download.py and
 hf_api.py): the revision info of a repository (`/api/{models,datasets}/<id>/revision/<rev>`, with
 `?blobs=true` the siblings' sizes, git blob ids and LFS sha256), and file resolution
-(`HEAD`/`GET /<id>/resolve/<rev>/<file>`, `/datasets/<id>/resolve/...`) with the headers the client
-reads: X-Repo-Commit, ETag (the blob id, or the LFS sha256 as X-Linked-Etag) and the size. Errors
+(`HEAD`/`GET /<id>/resolve/<rev>/<file>`, `/datasets/<id>/resolve/...`) and the access check
+(`/api/{models,datasets}/<id>/auth-check`), with the headers the client reads: X-Repo-Commit, ETag (the blob id, or the LFS sha256 as X-Linked-Etag) and the size. Errors
 carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo), so the
 client raises its own exception types.
 
@@ -104,6 +104,12 @@ class Hub:
         if parts[:1] == ["api"] and len(parts) >= 6 and parts[4] == "revision":
             repo_type = {"models": "model", "datasets": "dataset"}.get(parts[1])
             return self._info(h, repo_type, "/".join(parts[2:4]), "/".join(parts[5:]), body)
+        if parts[:1] == ["api"] and len(parts) == 5 and parts[4] == "auth-check":
+            repo_type = {"models": "model", "datasets": "dataset"}.get(parts[1])
+            repo, _ = self._lookup(h, repo_type, "/".join(parts[2:4]), None, body, files=True)
+            if repo is not None:
+                self._send(h, 200, b"{}", {"Content-Type": "application/json"}, body)
+            return None
         repo_type = "model"
         if parts[:1] == ["datasets"]:
             repo_type, parts = "dataset", parts[1:]
@@ -111,14 +117,18 @@ class Hub:
             return self._file(h, repo_type, "/".join(parts[:2]), parts[3], "/".join(parts[4:]), body)
         self._error(h, 404, "EntryNotFound", "no such route", body)
 
-    def _lookup(self, h, repo_type, repo_id, revision, body):
+    def _lookup(self, h, repo_type, repo_id, revision, body, files: bool = False):
+        """(the repository, the commit `revision` names); a gated one refuses its files (and the
+        auth check) without a token, as the hub does, but shows anyone its record."""
         repo = self.repos.get((repo_type, repo_id))
         if repo is None:
             self._error(h, 404, "RepoNotFound", f"Repository Not Found for url: {h.path}", body)
             return None, None
-        if repo.gated and not h.headers.get("authorization"):
+        if files and repo.gated and not h.headers.get("authorization"):
             self._error(h, 401, "GatedRepo", f"Access to {repo_id} is restricted", body)
             return None, None
+        if revision is None:
+            return repo, None
         commit = repo.resolve(revision)
         if commit is None:
             self._error(h, 404, "RevisionNotFound", f"Invalid rev id: {revision}", body)
@@ -143,7 +153,7 @@ class Hub:
         self._send(h, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
 
     def _file(self, h, repo_type, repo_id, revision, name, body) -> None:
-        repo, commit = self._lookup(h, repo_type, repo_id, revision, body)
+        repo, commit = self._lookup(h, repo_type, repo_id, revision, body, files=True)
         if repo is None:
             return
         data = repo.commits[commit].get(name)

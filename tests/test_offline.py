@@ -25,8 +25,9 @@ import yaml
 
 from stages.config import load_config
 from stages.core.common import hub
+from stages.core.common.hub import readme_configs
 from stages.core.common.io import ArtifactError
-from stages.fetch import dataset_files, model_files, readme_configs
+from stages.fetch import dataset_files, model_files
 from tests.conftest import ROOT, tiny_model, workflow_env, write_yaml
 from tests.hubserver import Hub
 
@@ -242,6 +243,44 @@ def test_which_files_a_job_reads():
 
     with pytest.raises(FetchError, match=r"no configuration 'main' in its README.md \(datasets.b.source.config"):
         dataset_files(names, CARD, [hub.Repo("dataset", DATA, "main", ("datasets", "b", "source"), "main", "test")])
+
+
+CARD2 = ("---\nconfigs:\n- config_name: algebra\n  data_files:\n  - split: train\n"
+         "    path: algebra/train-*\n  - split: test\n    path: algebra/test-*\n"
+         "- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"
+         "  - split: test\n    path: data/test-*\n- config_name: plain\n  data_files: all.csv\n"
+         "---\n")
+
+
+def test_one_split_of_a_second_config_is_fetched_and_read_alone(tmp_path):
+    """A card whose first config is not the one used (MATH-lighteval's starts with `algebra`):
+    the fetch takes the used config's split alone, and the job reads exactly those files
+    (datasets, given the folder, would infer the format from the first config's absent files)."""
+    from stages.config import HubSource
+    from stages.core.data import adapters
+
+    names = ["README.md", "algebra/train-0.parquet", "algebra/test-0.parquet",
+             "data/train-0.parquet", "data/test-0.parquet", "all.csv"]
+    train = hub.Repo("dataset", DATA, "main", ("datasets", "t", "source"), "default", "train")
+    assert dataset_files(names, CARD2, [train]) == ["README.md", "data/train-0.parquet"]
+    # a plain data_files pattern is split "train" alone, as datasets reads it
+    plain = hub.Repo("dataset", DATA, "main", ("datasets", "p", "source"), "plain", "test")
+    with pytest.raises(hub.FetchError, match=r"no data file of configuration 'plain', split 'test'"):
+        dataset_files(names, CARD2, [plain])
+    # the snapshot as the fetch leaves it: the card and the one file
+    folder = data_folder(tmp_path / "src")
+    snap = tmp_path / "snap"
+    (snap / "data").mkdir(parents=True)
+    (snap / "README.md").write_text(CARD2)
+    (snap / "data" / "train-0.parquet").write_bytes(
+        (folder / "data" / "train-00000-of-00001.parquet").read_bytes())
+    src = HubSource(dataset=DATA, config="default", split="train", adapter="generic")
+    problems = adapters.load_hub(src, f"hub:{DATA}", snap)
+    assert len(problems) == 64 and problems[0].question
+    with pytest.raises(ValueError, match=r"hub:test-org/arith/algebra/train: cannot read config "
+                                         r"'algebra'.*no data file of configuration 'algebra'"):
+        adapters.load_hub(HubSource(dataset=DATA, config="algebra", split="train", adapter="generic"),
+                          f"hub:{DATA}", snap)
 
 
 @pytest.mark.slow

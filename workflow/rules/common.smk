@@ -132,7 +132,11 @@ def check_hub_snapshots():
             hub.check_snapshot(entry, hub.snapshot_dir(hub.store(CFG), entry["repo_type"],
                                                        entry["repo_id"], entry["commit"]), HUB_LOCK)
     except hub.ArtifactError as err:
-        sys.exit(f"error: {err}")
+        fetched_into = lock.get("store")
+        where = ("" if not fetched_into or fetched_into == str(hub.store(CFG).resolve()) else
+                 f" (the fetch wrote the snapshots into {fetched_into}; this run reads "
+                 f"{hub.store(CFG)}: set hub.cache_dir, or $ICT_RLVR_CACHE_DIR, to one of them)")
+        sys.exit(f"error: {err}{where}")
 
 
 onstart:

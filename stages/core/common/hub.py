@@ -13,6 +13,7 @@ each file's size against the lock.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ MODEL_FILES = (".json", ".safetensors", ".model", ".tiktoken", ".txt", ".jinja")
 """The top-level files of a model repository a job reads: configs, weights, tokenizer files."""
 DATA_FILES = (".parquet", ".jsonl", ".json", ".csv", ".arrow", ".txt")
 """Data files of a data set repository (its README.md's `configs:` chooses among them)."""
+
+
+class FetchError(ArtifactError):
+    """A repository that cannot be fetched or read as configured: the message names it, the
+    config key and the fix."""
 
 
 @dataclass(frozen=True)
@@ -175,14 +181,15 @@ def write_lock(path: Path, lock: dict) -> None:
 def apply_lock(cfg, lock: dict, lock_file: Path):
     """`cfg` with each hub model's and data set's commit from the lock (a result key). A lock that
     disagrees with the config (another revision, a commit the config sets otherwise) is an error
-    naming the key and the command that moves the lock; a repository missing from the lock stays
-    without a commit (the run then needs a fetch)."""
+    naming the key and the command that moves the lock; a use the lock does not list (a new
+    repository, or a new split of a locked data set) stays without a commit: the run then needs a
+    fetch, which adds its files at the locked commit."""
     entries = lock.get("repositories", {})
     data = cfg.model_dump(mode="json")
     for use in all_uses(cfg):
         entry = entries.get(use.key)
-        if entry is None:
-            continue
+        if entry is None or use.where not in entry.get("uses", [use.where]):
+            continue  # not fetched, or not for this use (a new split): the run needs a fetch
         if entry["revision"] != use.revision:
             raise ArtifactError(
                 f"{lock_file}: {use.key} is locked at revision {entry['revision']!r}, "
@@ -240,6 +247,22 @@ def check_snapshot(entry: dict, folder: Path, lock_file: Path | str, *, full: bo
                                 f"({path.resolve()}): corrupted or changed on disk; {fix}")
 
 
+def data_files_of(folder: Path, use: Repo) -> dict[str, list[str]] | None:
+    """{split: the local paths of its data files} of a fetched data set's use, from its card's
+    `configs:` (so that datasets reads exactly these files, whatever else the card lists); None
+    where the card has none (datasets then infers the splits from the folder's file names)."""
+    card = folder / "README.md"
+    readme = card.read_text(errors="replace") if card.is_file() else None
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    files = use_files(names, readme, use)
+    return None if files is None else {use.split: [str(folder / f) for f in files]}
+
+
+BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv",
+            ".arrow": "arrow", ".txt": "text"}
+"""datasets' packaged builder of each data file type."""
+
+
 def locked_folder(cfg, repo_type: str, repo_id: str, commit: str | None, where: str = "") -> Path:
     """The checked snapshot folder of a locked repository, for a job (sizes against the lock);
     `where` names the config key of a repository the lock lacks (commit None)."""
@@ -262,3 +285,68 @@ def sources(cfg) -> dict[str, Any]:
     return {use.key: {"revision": use.revision,
                       "commit": _at(cfg.model_dump(mode="json"), use.path).get("commit")}
             for use in all_uses(cfg)}
+
+
+# ----- a data set card's `configs:`: which files a config and split read ------------------------
+def readme_configs(text: str) -> list[dict]:
+    """The `configs:` list of a data set card's YAML front matter ([] where it has none)."""
+    if not text.startswith("---"):
+        return []
+    end = text.find("\n---", 3)
+    if end < 0:
+        return []
+    try:
+        meta = yaml.safe_load(text[3:end]) or {}
+    except yaml.YAMLError:
+        return []
+    configs = meta.get("configs") if isinstance(meta, dict) else None
+    return configs if isinstance(configs, list) else []
+
+
+def _patterns(config: dict, split: str | None) -> list[str]:
+    """The file patterns of one card config for `split` (None: every split), as datasets reads
+    them: `data_files` as a list of {split, path}, or as a plain pattern or list of them (split
+    "train" alone); else every file under its `data_dir`."""
+    data_files = config.get("data_files")
+    if data_files is None and config.get("data_dir"):
+        return [config["data_dir"].strip("/") + "/*"]
+    if isinstance(data_files, str) or (isinstance(data_files, list)
+                                       and all(isinstance(i, str) for i in data_files)):
+        plain = [data_files] if isinstance(data_files, str) else list(data_files)
+        return plain if split in (None, "train") else []
+    out = []
+    for item in data_files or []:
+        if isinstance(item, dict) and (split is None or item.get("split") == split):
+            path = item.get("path")
+            out += [path] if isinstance(path, str) else list(path or [])
+    return out
+
+
+def config_of(configs: list[dict], use: Repo) -> dict:
+    """The card config a use reads (its `config`, else the card's default one, else the first),
+    or a FetchError naming the key."""
+    by_name = {c.get("config_name", "default"): c for c in configs if isinstance(c, dict)}
+    name = use.config or next((n for n, c in by_name.items() if c.get("default")),
+                              "default" if "default" in by_name else next(iter(by_name)))
+    if name not in by_name:
+        raise FetchError(f"dataset {use.repo_id}: no configuration {name!r} in its README.md "
+                         f"({use.where}.config; it has {sorted(by_name)})")
+    return by_name[name]
+
+
+def use_files(names: list[str], readme: str | None, use: Repo) -> list[str] | None:
+    """The data files of one use (its config and split) among `names`; None where the card has no
+    `configs:` (datasets then infers the splits from the file names, and every data file is
+    fetched). A use that matches no file is a FetchError naming the key."""
+    configs = readme_configs(readme or "")
+    if not configs:
+        return None
+    config = config_of(configs, use)
+    pats = _patterns(config, use.split)
+    hits = sorted({n for n in names for p in pats if fnmatch.fnmatch(n, p)
+                   and n.endswith(DATA_FILES)})
+    if not hits:
+        raise FetchError(f"dataset {use.repo_id}: no data file of configuration "
+                         f"{config.get('config_name', 'default')!r}, split {use.split!r} "
+                         f"({use.where}.split; patterns {pats})")
+    return hits

@@ -194,11 +194,26 @@ def load_hub(src: HubSource, source_label: str, snapshot: Path | None = None) ->
     get_adapter(src.adapter)  # fail before reading
     import datasets  # lazily: a slow import that only hub sources need
 
+    from stages.core.common import hub
+
     label = hub_label(src)
     where = str(snapshot) if snapshot is not None else str(Path(src.dataset).expanduser())
     try:
-        split = datasets.load_dataset(where, src.config, split=src.split)
-    except (ValueError, FileNotFoundError) as err:
+        files = None
+        if snapshot is not None:  # the fetched files of this config and split, and no others
+            use = hub.Repo("dataset", src.dataset, src.revision or "main", (), src.config, src.split)
+            files = hub.data_files_of(Path(snapshot), use)
+        if files is not None:
+            kinds = {hub.BUILDERS[Path(f).suffix] for f in files[src.split]}
+            if len(kinds) != 1:
+                raise AdapterError(f"{label}: data files of several kinds ({sorted(kinds)}) in "
+                                   f"{where}")
+            split = datasets.load_dataset(kinds.pop(), data_files=files, split=src.split)
+        else:
+            split = datasets.load_dataset(where, src.config, split=src.split)
+    except (ValueError, FileNotFoundError, hub.FetchError) as err:
+        if isinstance(err, AdapterError):
+            raise
         raise AdapterError(f"{label}: cannot read config {src.config!r}, split {src.split!r} from "
                            f"{where}: {err}") from None
     rows = ((f"{label}: row index {i}", dict(row)) for i, row in enumerate(split))
