@@ -880,6 +880,8 @@ def dry_run_jobs(out: str) -> list[dict[str, str]]:
         job = {"rule": m[1]}
         if w := re.search(r"wildcards: .*?\bsize=([^,\s]+)", block):
             job["size"] = w[1]
+        if w := re.search(r"wildcards: .*?\bmethod=([^,\s]+)", block):
+            job["method"] = w[1]
         if r := re.search(r"resources: (.*)", block):
             job.update(kv.split("=", 1) for kv in r[1].split(", "))
         jobs.append(job)
@@ -902,6 +904,10 @@ def test_paper_dry_run_requests_each_sizes_gpus_and_the_sites_partition(tmp_path
     jobs = [j for j in dry_run_jobs(out) if j["rule"] != "all"]
     assert jobs
     seen = set()
+    # a GPU job's walltime is the plan's (cost.walltime_margin), another job's its rule's
+    from stages.cost import planned_requests
+
+    planned = planned_requests(cfg, None)
     # rules that ask for another rule's resources: the overlap of a trained model runs as a
     # token-statistics job, a checkpoint's evaluation as an evaluation (overlap.smk, curves.smk)
     borrowed = {"overlap": "token_stats", "evaluate_checkpoint": "evaluate"}
@@ -909,9 +915,11 @@ def test_paper_dry_run_requests_each_sizes_gpus_and_the_sites_partition(tmp_path
         rule, size = borrowed.get(job["rule"], job["rule"]), job.get("size")
         gpus = getattr(cfg.models[size].gpus, rule) if rule in Gpus.model_fields else 0
         want = cfg.resources.of(rule, size)
+        runtime = planned.get((job["rule"], size, job.get("method"))) or want.runtime
         assert int(job["gpu"]) == gpus, job
         assert (int(job["cpus_per_task"]), int(job["mem_mb"]), int(job["runtime"])) == (
-            want.cpus, want.mem_mb, want.runtime), job
+            want.cpus, want.mem_mb, runtime), job
+        assert not gpus or runtime < want.runtime  # the plan's, below the 24 h of the rule
         assert job["slurm_partition"] == ("gpu-part" if gpus else "cpu-part"), job
         assert job["qos"] == "high" and job["nodes"] == "1" and "tasks" not in job, job
         seen.add((rule, size, gpus))

@@ -839,12 +839,8 @@ def test_config_keys_are_what_the_trainer_reads(test_raw):
     assert config_hash_of(validate(raw, "t.yaml"), "train", w) == digest(raw)
 
 
-def test_a_training_process_closes_its_sampler_before_the_process_group():
-    """Finished or stopped for a time limit, a training process shuts its sampler down while the
-    default group still exists (a vLLM engine's teardown destroys its groups and then the default
-    one, which it shares with DeepSpeed), and destroys the group only where the sampler left it."""
-    from stages.launch import free_port
-
+def sampler_closes_first() -> None:
+    """One rank's check (a process of its own: the test process may hold a group already)."""
     class Sampler:
         def __init__(self, takes_the_group: bool) -> None:
             self.takes_the_group, self.saw_group = takes_the_group, None
@@ -855,8 +851,16 @@ def test_a_training_process_closes_its_sampler_before_the_process_group():
                 torch.distributed.destroy_process_group()
 
     for takes in (True, False):
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                                             rank=0, world_size=1)
+        torch.distributed.init_process_group("gloo")  # env://: the rank's variables
         sampler = Sampler(takes)
         train.shutdown(sampler)
         assert sampler.saw_group is True and not torch.distributed.is_initialized()
+
+
+def test_a_training_process_closes_its_sampler_before_the_process_group():
+    """Finished or stopped for a time limit, a training process shuts its sampler down while the
+    default group still exists (a vLLM engine's teardown destroys its groups and then the default
+    one, which it shares with DeepSpeed), and destroys the group only where the sampler left it."""
+    from tests.helpers import run_ranks, worker_argv
+
+    run_ranks(1, worker_argv("tests.test_train", "sampler_closes_first"), timeout=120)

@@ -295,7 +295,8 @@ def job_resources(rule, planned=None):
         # the gres of a job on several (gpu:<model>:<per node>), which must not ask twice
         "gpu_model": lambda wildcards: GPU_MODEL
         if GPU_MODEL and not multi(wildcards) and job_gpus(rule, wildcards) else None,
-        "gres": lambda wildcards: f"gpu:{GPU_MODEL + ':' if GPU_MODEL else ''}{gpus_per_node(wildcards)}"
+        "gres": lambda wildcards: ":".join(["gpu", *([GPU_MODEL] if GPU_MODEL else []),
+                                            str(gpus_per_node(wildcards))])
         if multi(wildcards) and gpus_per_node(wildcards) else None,
         "constraint": lambda wildcards: GPU_CONSTRAINT
         if GPU_CONSTRAINT and job_gpus(rule, wildcards) else None,
