@@ -109,7 +109,8 @@ def build_gguf(cfg: Config, size: str, out_dir: Path) -> dict:
     ConfigError naming the key, raised before anything is written."""
     import torch
 
-    from .core.models.modeling import GgufNotFound, convert_gguf, find_gguf, sha256_file
+    from .core.common.io import sha256_file
+    from .core.models.modeling import GgufNotFound, convert_gguf, find_gguf
 
     spec = cfg.models[size].gguf
     try:
@@ -144,8 +145,7 @@ def hub_reference(cfg: Config, size: str) -> dict:
     ref = {"kind": "hub", "model_id": spec.model_id, "revision": spec.revision}
     if hub.is_local(spec.model_id):
         return ref
-    hub.locked_folder(cfg, "model", spec.model_id, spec.commit, f"models.{size}.hub")  # each file at its size
-    entry = hub.read_lock(hub.lock_path(cfg))["repositories"][f"model:{spec.model_id}"]
+    _, entry = hub.locked(cfg, "model", spec.model_id, spec.commit, f"models.{size}.hub")
     return {**ref, "commit": spec.commit,
             "files": {rel: facts["size"] for rel, facts in entry["files"].items()}}
 

@@ -6,7 +6,7 @@
     python -m stages.fetch --configfile config/paper.yaml --verify      re-hash the store, offline
 
 Run it on the login node (it needs the hub; nothing else of the run does), before `snakemake`.
-For each hub repository the run reads (stages.core.common.hub.run_repos) it resolves the
+For each hub repository the run reads (stages.core.common.hub.all_uses) it resolves the
 configured revision to its commit with the hub's API first, lists the files a job reads (a
 model's top-level configs, weights and tokenizer files; a data set's README.md and the data
 files its `configs:` map the configured config and split to), downloads them at that commit into
@@ -31,8 +31,9 @@ from pathlib import Path
 
 from .config import ConfigError, load_config
 from .core.common import hub
-from .core.common.io import ArtifactError
+from .core.common.io import ArtifactError, sha256_file
 from .core.common.progress import progress
+from .core.plans.cost import size_of
 
 FetchError = hub.FetchError
 
@@ -135,26 +136,16 @@ def dataset_files(names: list[str], readme: str | None, uses: list[hub.Repo]) ->
     return sorted(chosen)
 
 
-def download(use: hub.Repo, commit: str, files: list[str], store: Path, sizes: dict[str, int],
-             bar) -> Path:
+def download(api, use: hub.Repo, commit: str, files: list[str], store: Path,
+             sizes: dict[str, int], bar) -> None:
     """Download `files` of one commit into the store (already present ones are not fetched
-    again); returns the snapshot folder."""
-    from huggingface_hub import HfApi, hf_hub_download
+    again)."""
+    from huggingface_hub import hf_hub_download
 
-    api = HfApi()
     for rel in files:
         hub_call(api, use, commit, lambda rel=rel: hf_hub_download(
             use.repo_id, rel, repo_type=use.repo_type, revision=commit, cache_dir=store))
         bar.update(sizes.get(rel, 0))
-    return hub.snapshot_dir(store, use.repo_type, use.repo_id, commit)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def plan_repo(api, uses: list[hub.Repo], entry: dict | None, refresh: bool, store: Path) -> dict:
@@ -172,12 +163,15 @@ def plan_repo(api, uses: list[hub.Repo], entry: dict | None, refresh: bool, stor
         wanted = dict(entry["files"])
         missing = [f for f, facts in wanted.items()
                    if not (folder / f).is_file() or (folder / f).stat().st_size != facts["size"]]
-        new_files = _new_files(api, uses, commit, wanted, store) if _needs_listing(uses, entry) else {}
-        if not missing and not new_files:
+        listing = _needs_listing(uses, entry)
+        if not missing and not listing:
             return {"use": use, "commit": commit, "files": wanted, "todo": [], "meta": {},
                     "entry": entry, "moved": False}
-        info = resolve(api, use, commit)
-        meta = _meta(info)
+        meta = _meta(resolve(api, use, commit))
+        new_files = []
+        if listing:  # the files a changed use needs beyond the locked ones, at the locked commit
+            readme = _readme(api, use, commit, store) if "README.md" in meta else None
+            new_files = [f for f in dataset_files(sorted(meta), readme, uses) if f not in wanted]
         files = {f: {"size": meta[f]["size"]} for f in [*wanted, *new_files] if f in meta}
         return {"use": use, "commit": commit, "files": files, "meta": meta, "entry": entry,
                 "todo": sorted(set(missing) | set(new_files)), "moved": False}
@@ -190,7 +184,7 @@ def plan_repo(api, uses: list[hub.Repo], entry: dict | None, refresh: bool, stor
             raise FetchError(f"model {use.repo_id}@{info.sha[:12]}: no weights (.safetensors or "
                              f".bin) at the top of the repository ({use.where}.model_id)")
     else:
-        readme = _readme(use, info.sha, store) if "README.md" in meta else None
+        readme = _readme(api, use, info.sha, store) if "README.md" in meta else None
         chosen = dataset_files(names, readme, uses)
     folder = hub.snapshot_dir(store, use.repo_type, use.repo_id, info.sha)
     todo = [f for f in chosen if not ((folder / f).is_file()
@@ -206,24 +200,16 @@ def _needs_listing(uses: list[hub.Repo], entry: dict) -> bool:
             and not {u.where for u in uses} <= set(entry["uses"]))
 
 
-def _new_files(api, uses, commit, wanted, store: Path) -> dict:
-    """The files a data set's changed uses need beyond the locked ones (at the locked commit)."""
-    info = resolve(api, uses[0], commit)
-    meta = _meta(info)
-    readme = _readme(uses[0], commit, store) if "README.md" in meta else None
-    return {f: True for f in dataset_files(sorted(meta), readme, uses) if f not in wanted}
-
-
 def _meta(info) -> dict[str, dict]:
     return {s.rfilename: {"size": s.size if s.lfs is None else s.lfs.size,
                           "sha256": None if s.lfs is None else s.lfs.sha256,
                           "blob_id": s.blob_id} for s in info.siblings or []}
 
 
-def _readme(use: hub.Repo, commit: str, store: Path) -> str:
-    from huggingface_hub import HfApi, hf_hub_download
+def _readme(api, use: hub.Repo, commit: str, store: Path) -> str:
+    from huggingface_hub import hf_hub_download
 
-    path = hub_call(HfApi(), use, commit, lambda: hf_hub_download(
+    path = hub_call(api, use, commit, lambda: hf_hub_download(
         use.repo_id, "README.md", repo_type=use.repo_type, revision=commit, cache_dir=store))
     return Path(path).read_text(errors="replace")
 
@@ -235,7 +221,7 @@ def verify_download(use: hub.Repo, commit: str, folder: Path, files: dict, meta:
     for rel in sorted(files):
         path = folder / rel
         size = path.stat().st_size
-        digest = hub.sha256_file(path)
+        digest = sha256_file(path)
         hub_facts = meta.get(rel, {})
         bad = (hub_facts.get("size") is not None and size != hub_facts["size"]) or \
               (hub_facts.get("sha256") and digest != hub_facts["sha256"]) or \
@@ -291,16 +277,16 @@ def fetch(cfg, source: str, refresh: list[str] | None, *, out=sys.stdout) -> int
     todo = sum(p["files"][f]["size"] or 0 for p in plans for f in p["todo"])
     free = shutil.disk_usage(store).free
     total = sum(facts["size"] or 0 for p in plans for facts in p["files"].values())
-    print(f"{len(plans)} repositories, {_human(total)} in all; {_human(todo)} to download into "
-          f"{store} ({_human(free)} free there)", file=out)
+    print(f"{len(plans)} repositories, {size_of(total)} in all; {size_of(todo)} to download into "
+          f"{store} ({size_of(free)} free there)", file=out)
     if todo > free:
-        raise FetchError(f"{store}: {_human(todo)} to download, {_human(free)} free: set hub.cache_dir "
+        raise FetchError(f"{store}: {size_of(todo)} to download, {size_of(free)} free: set hub.cache_dir "
                          f"(or ${hub.CACHE_ENV}) to a larger disk")
     with progress(total=todo, unit="B", unit_scale=True, desc="fetch") as bar:
         for p in plans:
             if p["todo"]:
                 sizes = {f: p["files"][f]["size"] or 0 for f in p["todo"]}
-                download(p["use"], p["commit"], p["todo"], store, sizes, bar)
+                download(api, p["use"], p["commit"], p["todo"], store, sizes, bar)
     moved = []
     for p in plans:
         use, commit = p["use"], p["commit"]

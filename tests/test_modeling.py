@@ -125,7 +125,7 @@ def test_find_gguf_without_importing_the_package(tmp_path, monkeypatch):
 
 
 def test_sha256_file_by_hand(tmp_path):
-    from stages.core.models.modeling import sha256_file
+    from stages.core.common.io import sha256_file
 
     (tmp_path / "f").write_bytes(b"abc")
     assert sha256_file(tmp_path / "f", block=2) == (

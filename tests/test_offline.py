@@ -26,7 +26,7 @@ import yaml
 from stages.config import load_config
 from stages.core.common import hub
 from stages.core.common.hub import readme_configs
-from stages.core.common.io import ArtifactError
+from stages.core.common.io import ArtifactError, sha256_file
 from stages.fetch import dataset_files, model_files
 from tests.conftest import ROOT, tiny_model, workflow_env, write_yaml
 from tests.hubserver import Hub
@@ -117,7 +117,7 @@ def test_the_fetch_locks_each_commit_and_a_moved_branch_changes_nothing_until_re
     snap = hub.snapshot_dir(store, "model", MODEL, model["commit"])
     for rel, facts in model["files"].items():
         assert (snap / rel).stat().st_size == facts["size"]
-        assert hub.sha256_file(snap / rel) == facts["sha256"]
+        assert sha256_file(snap / rel) == facts["sha256"]
     # revision info resolved first, then the files at the commit, never at `main`
     resolves = [r for r in h.requests if "/resolve/" in r]
     assert resolves and all("/resolve/main/" not in r for r in resolves)

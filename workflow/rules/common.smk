@@ -63,8 +63,9 @@ from stages.core.plans.cost import site_max_minutes
 from stages.cost import attempt_runtime, planned_requests, train_retries
 from stages.cost import runtime_limit as cost_runtime_limit
 
+_COST_LIMIT = cost_runtime_limit(CFG)[0]  # scontrol and sacctmgr, asked once
 try:
-    TRAIN_RETRIES = (train_retries(CFG, cost_runtime_limit(CFG)[0])
+    TRAIN_RETRIES = (train_retries(CFG, _COST_LIMIT)
                      if any(CFG.models[s].gpus.train for s in CFG.experiment.sizes) else None)
 except ConfigError as err:
     print(f"warning: no cost plan, so the profile's retries apply to training: {err}", file=sys.stderr)
@@ -72,7 +73,7 @@ except ConfigError as err:
 # Walltimes from the plan (cost.walltime_margin): each GPU job's request, by (rule, size, method);
 # a job the plan does not estimate asks for its configured resources.<rule>.runtime.
 try:
-    PLANNED_RUNTIMES = planned_requests(CFG, cost_runtime_limit(CFG)[0])
+    PLANNED_RUNTIMES = planned_requests(CFG, _COST_LIMIT)
 except ConfigError as err:
     print(f"warning: no cost plan, so GPU jobs ask for their configured runtimes: {err}",
           file=sys.stderr)

@@ -14,7 +14,6 @@ each file's size against the lock.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .io import ArtifactError
+from .io import ArtifactError, sha256_file
 
 LOCK_VERSION = 1
 LOCK_NAME = "hub.lock.yaml"
@@ -116,15 +115,6 @@ def is_local(name: str) -> bool:
     return Path(name).expanduser().is_dir()
 
 
-def run_repos(cfg) -> list[Repo]:
-    """The hub repositories the run's jobs read, one entry per repository (two splits of one
-    data set share it), in all_uses' order."""
-    seen: dict[str, Repo] = {}
-    for repo in all_uses(cfg):
-        seen.setdefault(repo.key, repo)
-    return list(seen.values())
-
-
 def all_uses(cfg) -> list[Repo]:
     """Every configured use of a hub repository, in a stable order: the hub models of the
     experiment's sizes, then the hub data sets it uses (local folders are not fetched)."""
@@ -143,10 +133,6 @@ def all_uses(cfg) -> list[Repo]:
 
 def lock_path(cfg) -> Path:
     return Path(f"results/{cfg.run}") / LOCK_NAME
-
-
-def fetch_command(cfg_source: str = "CONFIG") -> str:
-    return f"python -m stages.fetch --configfile {cfg_source}"
 
 
 def read_lock(path: Path) -> dict:
@@ -212,20 +198,8 @@ def _at(tree: dict, path: tuple[str, ...]) -> dict:
 
 def unlocked(cfg) -> list[Repo]:
     """The configured hub repositories that have no commit yet (no lock, or not in it)."""
-    out = []
-    for use in all_uses(cfg):
-        section = _at(cfg.model_dump(mode="json"), use.path)
-        if not section.get("commit"):
-            out.append(use)
-    return out
-
-
-def sha256_file(path: Path, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            h.update(chunk)
-    return h.hexdigest()
+    data = cfg.model_dump(mode="json")
+    return [use for use in all_uses(cfg) if not _at(data, use.path).get("commit")]
 
 
 def check_snapshot(entry: dict, folder: Path, lock_file: Path | str, *, full: bool = False) -> None:
@@ -266,6 +240,12 @@ BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "c
 def locked_folder(cfg, repo_type: str, repo_id: str, commit: str | None, where: str = "") -> Path:
     """The checked snapshot folder of a locked repository, for a job (sizes against the lock);
     `where` names the config key of a repository the lock lacks (commit None)."""
+    return locked(cfg, repo_type, repo_id, commit, where)[0]
+
+
+def locked(cfg, repo_type: str, repo_id: str, commit: str | None,
+           where: str = "") -> tuple[Path, dict]:
+    """(the checked snapshot folder, the lock's entry) of a locked repository (locked_folder)."""
     path = lock_path(cfg)
     if not commit:
         raise ConfigError(f"{where}: {repo_id} has no commit in {path}: fetch it where the hub is "
@@ -277,13 +257,13 @@ def locked_folder(cfg, repo_type: str, repo_id: str, commit: str | None, where: 
                             f"fetch where the hub is reachable: python -m stages.fetch --configfile CONFIG")
     folder = snapshot_dir(store(cfg), repo_type, repo_id, commit)
     check_snapshot(entry, folder, path)
-    return folder
+    return folder, entry
 
 
 def sources(cfg) -> dict[str, Any]:
     """The hub commits a run's results come from, for provenance: {type:id: {revision, commit}}."""
-    return {use.key: {"revision": use.revision,
-                      "commit": _at(cfg.model_dump(mode="json"), use.path).get("commit")}
+    data = cfg.model_dump(mode="json")
+    return {use.key: {"revision": use.revision, "commit": _at(data, use.path).get("commit")}
             for use in all_uses(cfg)}
 
 

@@ -116,6 +116,17 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(tmp)
 
 
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    """The sha256 of a file's bytes, read `block` bytes at a time."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -207,16 +207,6 @@ def find_gguf(package: str, file: str) -> tuple[Path, str, str]:
     return path, dist, version
 
 
-def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def convert_gguf(gguf_path: str | Path, out: str | Path) -> dict:
     """Dequantise a GGUF causal LM to a float32 Hugging Face folder `out` (model and tokenizer).
 
