@@ -29,7 +29,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .config import ConfigError, load_config
+from .config import ConfigError, load_configs, source_of
 from .core.common import hub
 from .core.common.io import ArtifactError, sha256_file
 from .core.common.progress import progress
@@ -344,7 +344,8 @@ def verify(cfg, *, out=sys.stdout) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configfile", required=True, help="workflow config YAML (as Snakemake's flag)")
+    p.add_argument("--configfile", required=True, nargs="+", metavar="FILE",
+                   help="workflow config YAML; several are laid on each other in order, as Snakemake's\n                   flag does (a pilot or a calibration on a configuration)")
     p.add_argument("--refresh", nargs="*", metavar="REPO_ID", default=None,
                    help="move the lock of these repositories (all, where none is named) to what "
                         "their revisions point to now")
@@ -352,10 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="re-hash every locked file in the snapshot store; no network")
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.configfile)
+        cfg = load_configs(args.configfile)
         if args.verify:
             return verify(cfg)
-        return fetch(cfg, args.configfile, args.refresh)
+        return fetch(cfg, source_of(args.configfile), args.refresh)
     except (ConfigError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -72,6 +72,7 @@ TRAIN_OPERATIONAL: dict[str, str] = {
     "checkpoint_every": "how often a resume state is written (steps)",
     "checkpoint_every_minutes": "how often a resume state is written (wall time)",
     "save_before_limit_minutes": "when SLURM signals the job to save before its time limit",
+    "stop_after_steps": "where an attempt stops to be resubmitted (a pilot's forced resume)",
     "loggers": "where the per-step metrics are sent besides metrics.jsonl",
     "max_sampling_rounds": "the generation batches a step may sample before dynamic sampling "
                            "stops the run (with dynamic_sampling_pool 'rank' it decides a short "

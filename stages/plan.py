@@ -20,7 +20,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 
-from .config import Config, ConfigError, Gpus, load_config
+from .config import Config, ConfigError, Gpus, load_configs, source_of
 from .core.plans import memory as mem
 from .core.plans.dimensions import model_arch
 from .core.plans.memory import GB, Arch, Figure, Layout, Term
@@ -474,7 +474,8 @@ def requests_table(cfg: Config) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configfile", required=True, help="workflow config YAML (as Snakemake's flag)")
+    p.add_argument("--configfile", required=True, nargs="+", metavar="FILE",
+                   help="workflow config YAML; several are laid on each other in order, as Snakemake's\n                   flag does (a pilot or a calibration on a configuration)")
     p.add_argument("--gpu-memory-gb", type=float, default=None,
                    help="GPU memory of every size, GB (overrides models.<size>.gpu_memory_gb)")
     p.add_argument("--prompt-tokens", type=int, default=None,
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
                         "scontrol's MaxTime of the GPU jobs' partition)")
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.configfile)
+        cfg = load_configs(args.configfile)
         if args.requests:
             print(requests_table(cfg))
             return 0
@@ -520,7 +521,7 @@ def _cost_main(cfg: Config, args) -> int:
         limit, source = args.max_runtime, "--max-runtime"
     else:
         limit, source = cost.runtime_limit(cfg)
-    plan_ = cost.cost_plan(cfg, args.configfile, limit, source)
+    plan_ = cost.cost_plan(cfg, source_of(args.configfile), limit, source)
     if args.json:
         print(json.dumps(plan_.as_dict(), indent=1))
     elif plan_.rows:

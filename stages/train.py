@@ -47,8 +47,9 @@ Outputs in --out-dir: `final/` (Hugging Face layout, tokenizer, resolved config)
 While it runs: `metrics.jsonl`, each step's row as the step ends, and train.loggers' TensorBoard
 and W&B runs (stages.core.training.live); a log line per step.
 Resume states go to --resume-dir, a folder Snakemake does not delete: every `checkpoint_every`
-steps, every `checkpoint_every_minutes`, and on SIGURG (SLURM's signal before the time limit),
-after which the job exits with status 75 to be resubmitted (stages.core.training.resume). The same command
+steps, every `checkpoint_every_minutes`, on SIGURG (SLURM's signal before the time limit; before
+the step's update where the lead left would not cover it) and after `stop_after_steps` steps of an
+attempt, after which the job exits with status 75 to be resubmitted (stages.core.training.resume). The same command
 continues from the last one and reaches the same final metrics, also after operational edits of
 the config (stages.keys), and on another number of processes through a universal checkpoint; a
 changed result key is refused by name. The `save_every` checkpoints wait there too, and move to
@@ -556,19 +557,54 @@ def main(args, cfg: Config) -> None:
     peak_lr = cfg.models[args.size].lr
     began = time.perf_counter()
     bar = cli_progress(start, tcfg.steps, f"train {args.size}/{args.method}", dist.job.rank)
+
+    def resubmit(why: str) -> None:
+        """Stop here, to be resubmitted: the same command resumes from the last resume state."""
+        bar.close()
+        live.close()
+        if dist.job.rank == 0:
+            cli.log.warning("%s in %s; exiting with status %d so that the job is resubmitted (the "
+                            "same command continues from there)", why, resume_dir, EXIT_RESUBMIT)
+        dist.job.barrier()
+        shutdown(sampler)
+        raise SystemExit(EXIT_RESUBMIT)
+
+    def save(done: int, consumed: int) -> float:
+        clock = time.perf_counter()
+        save_state(engine, resume_dir, {"fingerprint": expected, "record": record,
+                                        "world_size": dist.job.world, "step": done,
+                                        "consumed": consumed, "metrics": rows,
+                                        "loggers": live.ids}, dist)
+        triggers.saved()
+        return time.perf_counter() - clock
+
+    # what a step needs after its generation: the last step's update and sync and the last save,
+    # with a margin; a signal that leaves less saves before the update (no update measured yet:
+    # at once; no save yet: counted as none, within the margin)
+    update_s, save_s = float("inf"), 0.0
     for step in range(start, tcfg.steps):
         t0 = time.perf_counter()
         for group in engine.optimizer.param_groups:
             group["lr"] = lr_at(step, tcfg, peak_lr)
         sampled = Sampled()
+        before = consumed
         roll, consumed = collect(step, consumed, cfg, run_seed, sampler, pool, dist, sampled)
         timer = {"generation": sampled.generation_s, "reward": sampled.reward_s}
         sampler.release()  # every generation batch of the step is sampled: the engine may sleep
+        if triggers.save_now(dist.job, 1.5 * (update_s + save_s)):
+            # the weights and optimizer are the last step's: keep them and lose the generation
+            # (drawn again from the same seeds on resume), not the step, to the time limit
+            if step > start:  # else the state this attempt began from is the one to keep
+                save(step, before)
+            resubmit(f"SIGURG (time limit near) during the generation of step {step + 1}: resume "
+                     f"state at step {step} of {tcfg.steps}, before its update")
+        clock = time.perf_counter()
         updates, trained, layout = train_step(step, engine, roll, method, cfg, dist, run_seed,
                                               pad_id, ref_model, timer)
-        clock = time.perf_counter()
+        synced = time.perf_counter()
         sampler.sync()
-        timer["weight_sync"] = time.perf_counter() - clock
+        timer["weight_sync"] = time.perf_counter() - synced
+        update_s = time.perf_counter() - clock
         row = step_metrics(step, sampled, trained, updates, dist, time.perf_counter() - t0,
                            kl_on=ref_model is not None, tis_on=tcfg.tis_cap is not None,
                            layout=layout, phases=timer)
@@ -586,23 +622,15 @@ def main(args, cfg: Config) -> None:
             # (checkpoints/ is one) of a job that failed, a walltime kill among them
             save_model(policy, tokenizer, cfg, args, resume_dir / checkpoint_name(done), dist)
         timed, signalled = triggers.poll(dist.job)
-        if (done % tcfg.checkpoint_every == 0 or timed or signalled) and done < tcfg.steps:
-            save_state(engine, resume_dir, {"fingerprint": expected, "record": record,
-                                            "world_size": dist.job.world, "step": done,
-                                            "consumed": consumed, "metrics": rows,
-                                            "loggers": live.ids}, dist)
-            triggers.saved()
-            if signalled:  # the time limit is near: stop here, to be resubmitted
-                bar.close()
-                live.close()
-                if dist.job.rank == 0:
-                    cli.log.warning("SIGURG (time limit near): resume state saved after step %d of "
-                                    "%d in %s; exiting with status %d so that the job is "
-                                    "resubmitted (the same command continues from there)", done,
-                                    tcfg.steps, resume_dir, EXIT_RESUBMIT)
-                dist.job.barrier()
-                shutdown(sampler)
-                raise SystemExit(EXIT_RESUBMIT)
+        forced = tcfg.stop_after_steps is not None and done - start >= tcfg.stop_after_steps
+        if (done % tcfg.checkpoint_every == 0 or timed or signalled or forced) and done < tcfg.steps:
+            save_s = save(done, consumed)
+            if signalled:  # the time limit is near
+                resubmit(f"SIGURG (time limit near): resume state saved after step {done} of "
+                         f"{tcfg.steps}")
+            if forced:
+                resubmit(f"train.stop_after_steps ({tcfg.stop_after_steps} steps an attempt): "
+                         f"resume state saved after step {done} of {tcfg.steps}")
     bar.close()
     live.close()
     seconds = time.perf_counter() - began

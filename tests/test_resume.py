@@ -28,6 +28,7 @@ OPERATIONAL_EDITS = {
     "train.checkpoint_every": lambda r: r["train"].update(checkpoint_every=7),
     "train.checkpoint_every_minutes": lambda r: r["train"].update(checkpoint_every_minutes=30.0),
     "train.save_before_limit_minutes": lambda r: r["train"].update(save_before_limit_minutes=5.0),
+    "train.stop_after_steps": lambda r: r["train"].update(stop_after_steps=2),
     "train.loggers": lambda r: r["train"].update(loggers=["tensorboard"]),
     "train.max_sampling_rounds": lambda r: r["train"].update(max_sampling_rounds=3),
     "train.micro_batch_size": lambda r: r["train"].update(micro_batch_size=2),
@@ -184,6 +185,17 @@ def test_save_triggers_follow_the_wall_clock_and_the_signal(test_raw, monkeypatc
         assert triggers.poll(job) == (False, False)
         os.kill(os.getpid(), resume.SAVE_SIGNAL)
         assert triggers.poll(job) == (False, True)
+        # before an update: at once where the lead left (here 10 min less 119 s) is short of
+        # what the update, sync and save need
+        lead = copy.deepcopy(test_raw)
+        lead["train"]["save_before_limit_minutes"] = 10.0
+        lead["resources"]["train"]["runtime"] = 120
+        early = resume.SaveTriggers(validate(lead, "t.yaml").train)
+        assert not early.save_now(job, float("inf"))  # no signal: never
+        os.kill(os.getpid(), resume.SAVE_SIGNAL)
+        clock[0] += 119.0
+        assert not early.save_now(job, 480.0) and early.save_now(job, 482.0)
+        assert early.save_now(job, float("inf"))  # nothing measured yet: at once
         # no minutes: steps and the signal only
         off = resume.SaveTriggers(validate(test_raw, "t.yaml").train)
         clock[0] += 1e6

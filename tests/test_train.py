@@ -657,6 +657,76 @@ def test_sigurg_saves_and_exits_and_the_minutes_cadence_saves_between_step_check
     assert pl.read_parquet(d / "s" / "metrics.parquet").select(keep).equals(whole.select(keep))
 
 
+@pytest.mark.slow
+def test_stop_after_steps_resubmits_each_attempt_and_ends_with_the_whole_runs_metrics(job, whole):
+    """A pilot's forced resume: with train.stop_after_steps 4 of 6 steps, the first attempt saves
+    after step 4 and exits 75, the second resumes there and finishes with the uninterrupted run's
+    metrics."""
+    from stages.core.training.resume import EXIT_RESUBMIT
+
+    d, raw = job
+    config = edited(raw, "stop", d, {"train": {"stop_after_steps": 4}})
+    first = run_stage("train", *cli_args(d, "f", config=config))
+    assert first.returncode == EXIT_RESUBMIT, first.stderr[-3000:]
+    assert ("train.stop_after_steps (4 steps an attempt): resume state saved after step 4 of 6"
+            in first.stderr)
+    assert json.loads((d / "f-resume" / "state.json").read_text())["step"] == 4
+    second = run_stage("train", *cli_args(d, "f", config=config))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "at step 4" in second.stderr
+    keep = [c for c in whole.columns if c not in train.TIME_COLUMNS]
+    assert pl.read_parquet(d / "f" / "metrics.parquet").select(keep).equals(whole.select(keep))
+
+
+SIGNAL_IN_GENERATION = """
+import os, sys
+from stages import cli, train
+from stages.core.training.resume import SAVE_SIGNAL
+
+collect = train.collect
+
+def signalled(step, *args, **kwargs):
+    out = collect(step, *args, **kwargs)
+    if step == int(os.environ["SIGNAL_STEP"]):
+        os.kill(os.getpid(), SAVE_SIGNAL)  # while the step's samples are drawn
+    return out
+
+train.collect = signalled
+sys.argv = ["stages.train", *sys.argv[1:]]
+cli.run(train.main, train.build_parser())
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_during_generation_saves_before_the_update_when_the_lead_is_short(job, whole):
+    """SIGURG while step 4's samples are drawn, with a lead (0.06 s) too short for the update, the
+    sync and a save: the job saves the state after step 3 at once (before step 4's update) and
+    exits 75; the resumed attempt draws step 4's samples again and ends with the uninterrupted
+    run's metrics. With a long lead (10 min) the step finishes first and saves after step 4."""
+    from stages.core.training.resume import EXIT_RESUBMIT
+
+    d, raw = job
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SIGNAL_STEP": "3"}
+    for name, lead, saved in [("short", 0.001, 3), ("long", 10.0, 4)]:
+        config = edited(raw, name, d, {"train": {"checkpoint_every": 100,
+                                                  "save_before_limit_minutes": lead},
+                                        "resources": {"runtime": 120}})
+        cmd = [sys.executable, "-c", SIGNAL_IN_GENERATION, *cli_args(d, name, config=config)]
+        first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert first.returncode == EXIT_RESUBMIT, first.stderr[-3000:]
+        assert json.loads((d / f"{name}-resume" / "state.json").read_text())["step"] == saved
+        if saved == 3:
+            assert ("SIGURG (time limit near) during the generation of step 4: resume state at "
+                    "step 3 of 6, before its update" in first.stderr)
+        else:
+            assert "SIGURG (time limit near): resume state saved after step 4 of 6" in first.stderr
+    resumed = run_stage("train", *cli_args(d, "short", config="short.yaml"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 3" in resumed.stderr
+    keep = [c for c in whole.columns if c not in train.TIME_COLUMNS]
+    assert pl.read_parquet(d / "short" / "metrics.parquet").select(keep).equals(whole.select(keep))
+
+
 def test_unknown_method_is_a_clear_cli_error(job):
     d, _ = job
     proc = run_stage("train", *cli_args(d, "x", method="ppo"))

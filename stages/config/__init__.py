@@ -27,7 +27,7 @@ from .datasets import Dataset, GeneratedSource, HubSource, LocalSource, Source
 from .evaluate import Evaluate
 from .experiment import Experiment
 from .hub import Hub
-from .load import import_selector_modules, load_config, load_yaml, validate
+from .load import import_selector_modules, load_config, load_configs, load_yaml, source_of, validate
 from .loss import Loss
 from .methods import Method, MethodEvaluate
 from .models import GgufModel, Gpus, HubModel, ModelSize, ScratchArch, Sft
@@ -45,5 +45,5 @@ __all__ = [
     "ResourceOverride", "Resources", "Rollout", "RuleResources", "ScratchArch", "Sft",
     "SizedRuleResources", "Source", "Strict", "TokenStats", "Train", "VirtualLayout",
     "check_engine_kwargs", "digest", "engine_kwargs_field", "import_selector_modules",
-    "load_config", "load_yaml", "validate",
+    "load_config", "load_configs", "load_yaml", "source_of", "validate",
 ]

@@ -89,3 +89,34 @@ def load_yaml(path: str | Path) -> Any:
 def load_config(path: str | Path) -> Config:
     """Read and validate a config file."""
     return validate(load_yaml(path), str(path))
+
+
+def merge(base: dict, over: dict) -> dict:
+    """`over` laid on `base` as Snakemake lays a later --configfile on an earlier one
+    (snakemake.utils.update_config): mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_configs(paths: list[str | Path]) -> Config:
+    """Read config files, each laid on the ones before it (Snakemake's `--configfile A B`), and
+    validate the result; errors name the files."""
+    raw: dict = {}
+    for path in paths:
+        layer = load_yaml(path)
+        if layer is None:
+            continue
+        if not isinstance(layer, dict):
+            raise ConfigError(f"{path}: the config must be a mapping, got {type(layer).__name__}")
+        raw = merge(raw, layer)
+    return validate(raw, source_of(paths))
+
+
+def source_of(paths: list[str | Path]) -> str:
+    """How errors name a config made of several files: 'A + B'."""
+    return " + ".join(map(str, paths))

@@ -160,6 +160,11 @@ class Train(Strict):
         "there. Set it above one step's time plus a save and below the job's walltime "
         "(resources.train.runtime, checked: a longer lead would signal the job at its start) "
         "(None: no signal)")
+    stop_after_steps: int | None = Field(
+        None, gt=0, description="ours: a pilot's forced save and resume: each attempt of a "
+        "training stops after this many steps, writes a resume state and exits (status 75) as on "
+        "SIGURG, so that the retries resubmit it and the next attempt resumes there (None: "
+        "attempts end at the time limit or the last step)")
     loggers: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="where each step's metrics go besides metrics.jsonl: "
         "tensorboard (event files in <out>/tensorboard), wandb (offline mode unless WANDB_MODE "

@@ -7,7 +7,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 from stages import reruns
 from stages.core.common import hub, numerics
-from stages.config import ConfigError, Gpus, validate
+from stages.config import ConfigError, Gpus, source_of, validate
 from stages.keys import checkpoint_steps, job_hash_of, save_signal_option
 from stages.keys import curve_benchmarks as keys_curve_benchmarks
 from stages.paths import RunPaths
@@ -18,7 +18,8 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"]))
+CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles or ["config/config.yaml"]]
+CONFIG_SOURCE = source_of(CONFIG_FILES)  # errors name every file: "config/paper.yaml + pilot.yaml"
 # The main Snakemake process, not a job's own parse (a SLURM job re-parses this file on its node).
 MAIN = workflow.exec_mode == ExecMode.DEFAULT
 try:
@@ -36,7 +37,7 @@ except (ConfigError, hub.ArtifactError) as err:
 # Hub repositories without a commit yet: a dry run lists the jobs that will read them; a real run
 # stops before any job (onstart) and says to fetch.
 UNLOCKED = hub.unlocked(CFG)
-FETCH_HINT = (f"python -m stages.fetch --configfile {CONFIG_SOURCE}  (where the hub is reachable, "
+FETCH_HINT = (f"python -m stages.fetch --configfile {' '.join(CONFIG_FILES)}  (where the hub is reachable, "
               "before snakemake)")
 if UNLOCKED and workflow.exec_mode == ExecMode.DEFAULT:
     print(f"note: {len({u.key for u in UNLOCKED})} hub repositories not fetched yet ({HUB_LOCK} lacks "

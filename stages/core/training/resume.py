@@ -3,7 +3,11 @@
 When. Every `train.checkpoint_every` steps; also once `train.checkpoint_every_minutes` of wall time
 have passed since the last one (the job's rank 0 keeps the clock and every rank follows its
 decision, so all of them save together); and at the first step boundary after SIGURG, after which
-the job exits with EXIT_RESUBMIT (non-zero: Snakemake's `retries` resubmit it, and the next
+the job exits with EXIT_RESUBMIT (where the signal arrives during a step's generation and the
+lead left would not cover the update, the weights' sync and the save, the job saves the state
+before that step at once instead: the weights and the optimizer have not moved yet, and the
+step's samples are drawn again from the same seeds on resume); and after
+`train.stop_after_steps` steps of an attempt (a pilot's forced resume), exiting the same way (non-zero: Snakemake's `retries` resubmit it, and the next
 attempt resumes from that state). The training rule asks SLURM for that signal
 `train.save_before_limit_minutes` before the job's time limit (`--signal=URG@<seconds>`,
 workflow/rules/common.smk). Why SIGURG and not SLURM's usual SIGUSR1: the signal reaches every
@@ -65,14 +69,33 @@ class SaveTriggers:
 
     def __init__(self, tcfg: Train) -> None:
         self.minutes = tcfg.checkpoint_every_minutes
+        self.lead_s = 60 * (tcfg.save_before_limit_minutes or 0.0)
         self.last = time.monotonic()
         self.signalled = False
+        self.signalled_at = 0.0
         signal.signal(SAVE_SIGNAL, self._handle)
         # restart interrupted system calls (gloo's sockets) rather than failing them
         signal.siginterrupt(SAVE_SIGNAL, False)
 
     def _handle(self, signum, frame) -> None:
+        if not self.signalled:
+            self.signalled_at = time.monotonic()
         self.signalled = True
+
+    def save_now(self, job, need_s: float) -> bool:
+        """Before a step's update (weights and optimizer as the last step left them): whether a
+        rank got the signal too late for the update, the weights' sync and a save (`need_s`, from
+        the last step's; inf when there was none) to end within the lead; then the job saves the
+        state before the step at once and loses only its generation. A collective, as `poll`."""
+        left = self.lead_s - (time.monotonic() - self.signalled_at)
+        flag = torch.tensor([int(self.signalled and left < need_s)], dtype=torch.long)
+        if job.world > 1:
+            import torch.distributed as dist
+
+            buf = flag.to(job.device)
+            dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=job.group)
+            flag = buf.cpu()
+        return bool(flag[0])
 
     def poll(self, job) -> tuple[bool, bool]:
         """(the wall-time interval has passed, a rank got the signal), the same on every rank
