@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from .config import Config, ConfigError, load_config
-from .core.common import environment, hub, io, numerics
+from .core.common import environment, hub, io, numerics, timing
 from .core.common.io import ArtifactError
 
 log = logging.getLogger("stages")
@@ -44,7 +44,12 @@ def run(main: Callable[[argparse.Namespace, Config], None], p: argparse.Argument
             import torch
 
             torch.set_num_threads(args.threads)
-        main(args, cfg)
+        try:
+            main(args, cfg)
+        except SystemExit as stop:  # a training stopped to be resubmitted (status 75)
+            log_timing(stop.code if isinstance(stop.code, int) else 1)
+            raise
+        log_timing(0)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -54,3 +59,12 @@ def run(main: Callable[[argparse.Namespace, Config], None], p: argparse.Argument
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         raise
+
+
+def log_timing(status: int) -> None:
+    """The job's timing line (stages.core.common.timing), from one process of a job (rank 0)."""
+    if os.environ.get("RANK", "0") == "0":
+        main = sys.modules["__main__"]
+        name = getattr(main, "__spec__", None) and main.__spec__.name or "stages"
+        stage = name.removesuffix(".__main__").rpartition(".")[2]
+        log.info("%s", timing.line(stage, status))

@@ -68,15 +68,19 @@ class JobCost:
     detail: list[str] = field(default_factory=list)
     steps: int = 0
     """A training's rollout steps (0 for other jobs)."""
+    device: str = "GPU"
+    """GPU, or CPU for a size without GPUs (cost.cpu_jobs): `gpus` are then its processes."""
 
     @property
     def gpu_hours(self) -> float:
-        return self.jobs * self.gpus * self.wall_min / 60
+        return self.jobs * self.gpus * self.wall_min / 60 if self.device == "GPU" else 0.0
 
     @property
     def requested_gpu_hours(self) -> float:
         """Every attempt of every job at its walltime (a training's attempts as the plan counts
         them; another job's one): what the jobs reserve if each runs to its limit."""
+        if self.device != "GPU":
+            return 0.0
         return self.jobs * self.gpus * (self.attempts or 1) * self.attempt_min / 60
 
     def key(self) -> tuple:
@@ -87,7 +91,7 @@ class JobCost:
 
     def as_dict(self) -> dict:
         return {"rule": self.rule, "size": self.size, "methods": self.methods, "jobs": self.jobs,
-                "gpus": self.gpus, "work_hours": round(self.work_min / 60, 3),
+                "device": self.device, "gpus": self.gpus, "work_hours": round(self.work_min / 60, 3),
                 "wall_hours": round(self.wall_min / 60, 3), "attempts": self.attempts,
                 "request_minutes": self.request_min, "attempt_minutes": self.attempt_min,
                 "gpu_hours": round(self.gpu_hours, 1),
@@ -111,7 +115,17 @@ class CostPlan:
 
     @property
     def jobs(self) -> int:
-        return sum(r.jobs for r in self.rows)
+        """GPU jobs."""
+        return sum(r.jobs for r in self.rows if r.device == "GPU")
+
+    @property
+    def cpu_jobs(self) -> int:
+        return sum(r.jobs for r in self.rows if r.device == "CPU")
+
+    @property
+    def cpu_minutes(self) -> float:
+        """The CPU jobs' wall time one after another (every attempt and start-up)."""
+        return sum(r.jobs * r.wall_min for r in self.rows if r.device == "CPU")
 
     @property
     def gpu_hours(self) -> float:
@@ -221,6 +235,28 @@ def attempt_runtime(rule: str, request: int, attempt: int, limit: int | None) ->
     return attempt_minutes(request if rule == "train" else request * attempt, limit)
 
 
+def units(cfg: Config, size: str, kind: str) -> int:
+    """What a job of the request kind `kind` runs on: its GPUs, or on a size without GPUs its
+    CPU processes (a training's train_processes, any other job's one)."""
+    m = cfg.models[size]
+    if on_cpu(cfg, size):
+        return m.train_processes if kind == "train" else 1
+    return getattr(m.gpus, kind)
+
+
+def unit_name(cfg: Config, size: str) -> str:
+    return "CPU process(es)" if on_cpu(cfg, size) else "GPU(s)"
+
+
+def device(cfg: Config, size: str) -> str:
+    return "CPU" if on_cpu(cfg, size) else "GPU"
+
+
+def on_cpu(cfg: Config, size: str) -> bool:
+    g = cfg.models[size].gpus
+    return not any((g.rollout, g.token_stats, g.train, g.evaluate))
+
+
 def _rescores(cfg: Config, method: str) -> bool:
     """Whether the method rescores mini-batches after the first: methods.<m>.rescore with a
     selector that reads statistics (stages.train.train_step's condition, scorer_needs)."""
@@ -233,45 +269,89 @@ def _rescores(cfg: Config, method: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # One estimate per job
 # ---------------------------------------------------------------------------------------------
-def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None) -> JobCost:
-    """One training job (size x method, any seed): the work of its steps, its attempts and its
-    disk. Per step: generation of every generation batch, the forward passes over the trained
-    tokens (stages.core.plans.cost.step_forwards) at the FLOPs of a token, and a fixed overhead."""
-    m, t = cfg.models[size], cfg.train_for(method, size)
-    rates, meth = cfg.cost.of(size), cfg.methods[method]
-    arch = arch or model_arch(cfg, size)
-    gpus = m.gpus.train
-    limit_resp = max(cfg.datasets[d].max_response_tokens or t.max_response_tokens
-                     for d in cfg.experiment.train_datasets)
-    prompt, resp = rates.prompt_tokens, min(rates.response_tokens, limit_resp)
+@dataclass
+class TrainCounts:
+    """What one training's steps count (the part of the plan a run's metrics check exactly)."""
+
+    steps: int
+    gpus: int
+    responses: float
+    """responses sampled per step (every generation batch)"""
+    generated: float
+    """tokens generated per step"""
+    trained: float
+    """prompt + response tokens trained per step"""
+    token_flops: float
+    """one trained token's forward, FLOPs"""
+    passes: dict[str, float]
+    """forward passes over the trained tokens per step, by pass (stages.core.plans.cost)"""
+    rescored_steps: int
+
+    def forward_flops(self) -> float:
+        """The whole training's forward-pass FLOPs (rescoring only after the dense warm-up)."""
+        fixed = sum(v for k, v in self.passes.items() if k != "rescoring")
+        return self.trained * self.token_flops * (
+            self.steps * fixed + self.rescored_steps * self.passes.get("rescoring", 0.0))
+
+
+def train_limit(cfg: Config, size: str, method: str) -> int:
+    """The longest training response: the training datasets' limits, else train.max_response_tokens."""
+    t = cfg.train_for(method, size)
+    return max(cfg.datasets[d].max_response_tokens or t.max_response_tokens
+               for d in cfg.experiment.train_datasets)
+
+
+def train_counts(cfg: Config, size: str, method: str, arch, rates: Cost) -> TrainCounts:
+    """The counted work of one training at the rates' mean lengths."""
+    t, meth = cfg.train_for(method, size), cfg.methods[method]
+    prompt, resp = rates.prompt_tokens, min(rates.response_tokens, train_limit(cfg, size, method))
     batches = t.generation_batch_multiple * rates.generation_batches if t.dynamic_sampling else 1
-    generated = t.prompts_per_step * batches * t.group_size * resp
-    trained = t.prompts_per_step * t.group_size * (prompt + resp)
-    fwd = cc.forward_flops(arch, cc.mean_context(prompt, resp))
+    responses = t.prompts_per_step * batches * t.group_size
     rescore = _rescores(cfg, method)
     passes = cc.step_forwards(t.ppo_epochs, t.prompts_per_step // t.mini_batch_prompts,
                               rescore=rescore, reference=t.loss.kl_beta > 0,
                               checkpointing=t.gradient_checkpointing)
+    # no rescoring in the dense warm-up: the selector reads nothing there
+    rescored = t.steps - min(meth.warmup_steps, t.steps) if rescore else 0
+    return TrainCounts(t.steps, units(cfg, size, "train"), responses, responses * resp,
+                       t.prompts_per_step * t.group_size * (prompt + resp),
+                       cc.forward_flops(arch, cc.mean_context(prompt, resp)), passes, rescored)
+
+
+def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None) -> JobCost:
+    """One training job (size x method, any seed): the work of its steps, its attempts and its
+    disk. Per step: generation of every generation batch, the forward passes over the trained
+    tokens (stages.core.plans.cost.step_forwards) at the FLOPs of a token, and a fixed overhead."""
+    t = cfg.train_for(method, size)
+    rates = cfg.cost.of(size, "train")
+    arch = arch or model_arch(cfg, size)
+    c = train_counts(cfg, size, method, arch, rates)
+    gpus, passes, generated, trained, fwd = c.gpus, c.passes, c.generated, c.trained, c.token_flops
+    rescore, rescored_steps = "rescoring" in passes, c.rescored_steps
+    batches = c.responses / (t.prompts_per_step * t.group_size)
     gen_s = cc.generation_seconds(generated, gpus, rates.generation_tokens_per_s)
     pass_s = cc.compute_seconds(trained * fwd, gpus, rates.gpu_tflops, rates.train_mfu)
     rescoring_s = passes.get("rescoring", 0.0) * pass_s
     fixed_s = gen_s + (sum(passes.values()) * pass_s - rescoring_s) + rates.step_overhead_s
-    # no rescoring in the dense warm-up: the selector reads nothing there
-    rescored_steps = t.steps - min(meth.warmup_steps, t.steps) if rescore else 0
     work_min = (t.steps * fixed_s + rescored_steps * rescoring_s) / 60
     step_min = work_min / t.steps
-    request = planned_request(cfg, "train", size, work_min + rates.startup_minutes)
+    lead = t.save_before_limit_minutes
+    # a walltime shorter than the SIGURG lead (and a step after it) would be signalled at its start
+    need = max(work_min, (lead or 0.0) + step_min) + rates.startup_minutes
+    request = planned_request(cfg, "train", size, need)
     attempt = attempt_minutes(request, limit)
-    resumes = t.checkpoint_every < t.steps  # a state is written only before the last step
+    resumes = t.checkpoint_every < t.steps or t.stop_after_steps is not None
     # what a time limit costs: with a SIGURG lead of at least a step, the trainer saves at the
     # step's end and exits before the limit, wasting at most the lead; with a shorter one the
     # limit cuts a step and the next attempt starts from the last resume state (at worst a whole
     # checkpoint interval)
-    lead = t.save_before_limit_minutes
     saves = resumes and lead is not None and lead >= step_min
     lost = (lead if saves else t.checkpoint_every * step_min) if resumes else work_min
     n = cc.attempts(work_min, attempt, rates.startup_minutes, lost)
     wall = cc.wall_minutes(work_min, n, rates.startup_minutes, lost) if n else work_min
+    forced = math.ceil(t.steps / t.stop_after_steps) if t.stop_after_steps else 1
+    if n is not None and forced > n:  # a pilot's resumes: each saves at a step's end, losing none
+        n, wall = forced, work_min + forced * rates.startup_minutes
     w = dtype_bytes(t.dtype)
     checkpoints = len(checkpoint_steps(t))
     kept = (1 + checkpoints) * cc.hf_checkpoint_bytes(arch, w)
@@ -300,14 +380,14 @@ def train_cost(cfg: Config, size: str, method: str, limit: int | None, arch=None
         + (f"; resume states up to 2 x {size_of(transient / 2)} while it runs" if resumes else ""),
     ]
     return JobCost("train", size, [method], len(cfg.experiment.seeds), gpus, work_min, wall, n,
-                   request, attempt, kept, transient, detail, t.steps)
+                   request, attempt, kept, transient, detail, t.steps, device(cfg, size))
 
 
 def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int | None,
                     jobs: int) -> JobCost:
     """A rollout, evaluation or checkpoint-evaluation job: its samples' tokens at the engine's
     GPUs' throughput (tensor_parallel_size of them under vLLM, the first under hf), plus start-up."""
-    m, rates = cfg.models[size], cfg.cost.of(size)
+    m, rates = cfg.models[size], cfg.cost.of(size, rule)
     kind = REQUEST_OF.get(rule, rule)
     section = getattr(cfg, kind)
     engine_gpus = m.tensor_parallel_size if section.backend == "vllm" else 1
@@ -330,18 +410,18 @@ def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int |
     gen_s = cc.generation_seconds(tokens, engine_gpus, rates.generation_tokens_per_s)
     work = gen_s / 60
     request = planned_request(cfg, rule, size, work + rates.startup_minutes)
-    detail = [f"{what} samples, {approx(tokens / 1e6)}M tokens on {engine_gpus} GPU(s): "
-              f"{hours(work)}"]
-    return JobCost(rule, size, [method] if rule != "rollout" else [], jobs, getattr(m.gpus, kind),
+    detail = [f"{what} samples, {approx(tokens / 1e6)}M tokens on {engine_gpus} "
+              f"{unit_name(cfg, size)}: {hours(work)}"]
+    return JobCost(rule, size, [method] if rule != "rollout" else [], jobs, units(cfg, size, kind),
                    work, work + rates.startup_minutes, 1, request, attempt_minutes(request, limit),
-                   kept, 0.0, detail)
+                   kept, 0.0, detail, device=device(cfg, size))
 
 
 def teacher_forcing_cost(cfg: Config, rule: str, size: str, method: str, limit: int | None,
                          jobs: int, arch=None) -> JobCost:
     """The token statistics of the base model's rollouts, or their overlap under a trained model:
     one no-gradient forward over the rollouts' prompt + response tokens on the first GPU."""
-    m, rates, r = cfg.models[size], cfg.cost.of(size), cfg.rollout
+    rates, r = cfg.cost.of(size, rule), cfg.rollout
     arch = arch or model_arch(cfg, size)
     prompt, resp = rates.prompt_tokens, min(rates.response_tokens, r.max_new_tokens)
     tokens = r.prompts * r.n * (prompt + resp)
@@ -349,11 +429,11 @@ def teacher_forcing_cost(cfg: Config, rule: str, size: str, method: str, limit: 
     work = cc.compute_seconds(flops, 1, rates.gpu_tflops, rates.train_mfu) / 60
     kept = r.prompts * r.n * resp * cc.TOKEN_ROW_BYTES if rule == "token_stats" else 0.0
     request = planned_request(cfg, rule, size, work + rates.startup_minutes)
-    detail = [f"{approx(tokens / 1e6)}M tokens x {approx(flops / tokens / 1e9)} GFLOP on 1 GPU: "
-              f"{hours(work)}"]
+    detail = [f"{approx(tokens / 1e6)}M tokens x {approx(flops / tokens / 1e9)} GFLOP on 1 "
+              f"{unit_name(cfg, size)}: {hours(work)}"]
     return JobCost(rule, size, [] if rule == "token_stats" else [method], jobs,
-                   m.gpus.token_stats, work, work + rates.startup_minutes, 1, request,
-                   attempt_minutes(request, limit), kept, 0.0, detail)
+                   units(cfg, size, "token_stats"), work, work + rates.startup_minutes, 1, request,
+                   attempt_minutes(request, limit), kept, 0.0, detail, device=device(cfg, size))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,23 +460,23 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
     seeds = len(exp.seeds)
     rows: list[JobCost] = []
     for size in exp.sizes:
-        g = cfg.models[size].gpus
-        if not any((g.rollout, g.token_stats, g.train, g.evaluate)):
+        g, cpu = cfg.models[size].gpus, on_cpu(cfg, size)
+        if cpu and not cfg.cost.cpu_jobs:
             continue
         arch = model_arch(cfg, size)
-        if g.rollout:
+        if g.rollout or cpu:
             rows.append(generation_cost(cfg, "rollout", size, "base", limit, 1))
-        if g.token_stats:
+        if g.token_stats or cpu:
             rows.append(teacher_forcing_cost(cfg, "token_stats", size, "base", limit, 1, arch))
-        if g.train:
+        if g.train or cpu:
             rows += _merge([train_cost(cfg, size, m, limit, arch) for m in exp.methods])
-        if g.evaluate:
+        if g.evaluate or cpu:
             rows += _merge([generation_cost(cfg, "evaluate", size, m, limit, seeds)
                             for m in ["base", *exp.methods]])
             steps = {m: len(checkpoint_steps(cfg.train_for(m, size))) for m in exp.methods}
             rows += _merge([generation_cost(cfg, "evaluate_checkpoint", size, m, limit,
                                             seeds * steps[m]) for m in exp.methods if steps[m]])
-        if g.token_stats and cfg.token_stats.overlap_top is not None:
+        if (g.token_stats or cpu) and cfg.token_stats.overlap_top is not None:
             rows += _merge([teacher_forcing_cost(cfg, "overlap", size, m, limit, seeds, arch)
                             for m in exp.methods])
     warnings, problems = [], []
@@ -416,6 +496,10 @@ def cost_plan(cfg: Config, source: str = "", limit: int | None = None,
                             f"{hours(r.work_min / r.steps)}) and the start-up do not fit "
                             f"in one attempt of {hours(r.attempt_min)}: it would never get past a "
                             f"resume state; checkpoint more often or ask for more time")
+        elif r.rule == "train" and r.attempts > 1 and r.work_min + cfg.cost.of(r.size, "train").startup_minutes <= r.attempt_min:
+            t = cfg.train_for(r.methods[0], r.size)
+            warnings.append(f"{name}: {r.attempts} attempts: each stops after "
+                            f"{t.stop_after_steps} steps (train.stop_after_steps) and is resumed")
         elif r.rule == "train" and r.attempts > 1:
             warnings.append(f"{name}: estimated {hours(r.work_min)} of work, more than its walltime "
                             f"of {hours(r.attempt_min)}: about {r.attempts} attempts, resumed "
@@ -447,11 +531,15 @@ def planned_requests(cfg: Config, limit: int | None) -> dict[tuple[str, str, str
 
 
 def train_retries(cfg: Config, limit: int | None) -> int | None:
-    """The training rule's `retries`: the most attempts any GPU training of the run needs, less
-    one; None where every one fits one attempt (or none runs on GPUs, or a size's dimensions are
-    unknown): the profile's retries then apply."""
+    """The training rule's `retries`: the most attempts any training of the run needs (a GPU
+    training's from the plan; any training's forced by train.stop_after_steps), less one; None
+    where every one fits one attempt: the profile's retries then apply."""
     most = 1
     for size in cfg.experiment.sizes:
+        for method in cfg.experiment.methods:  # a pilot's forced resumes, on CPUs too
+            t = cfg.train_for(method, size)
+            if t.stop_after_steps:
+                most = max(most, math.ceil(t.steps / t.stop_after_steps))
         if not cfg.models[size].gpus.train:
             continue
         arch = model_arch(cfg, size)
@@ -491,9 +579,11 @@ def render(plan: CostPlan, cfg: Config) -> str:
              f"section's assumed rates)", head, "-" * len(head)]
     for r in plan.rows:
         n = "?" if r.attempts is None else str(r.attempts)
-        lines.append(f"{r.rule:<20} {r.size:<14} {r.jobs:>5} {r.gpus:>5} {hours(r.work_min):>10} "
+        units = f"{r.gpus}" if r.device == "GPU" else f"{r.gpus} CPU"
+        lines.append(f"{r.rule:<20} {r.size:<14} {r.jobs:>5} {units:>5} {hours(r.work_min):>10} "
                      f"{n + ' x ' + hours(r.attempt_min):>20} {hours(r.wall_min):>10} "
-                     f"{approx(r.gpu_hours):>8} {size_of(r.jobs * r.kept_bytes):>8}")
+                     f"{approx(r.gpu_hours) if r.device == 'GPU' else '-':>8} "
+                     f"{size_of(r.jobs * r.kept_bytes):>8}")
         if r.methods:
             lines.append(f"    methods: {', '.join(r.methods)}")
         lines += [f"    {d}" for d in r.detail]
@@ -511,7 +601,11 @@ def render(plan: CostPlan, cfg: Config) -> str:
 
 
 def totals_lines(plan: CostPlan) -> list[str]:
-    return [f"total: {plan.jobs:,} GPU jobs, about {approx(plan.gpu_hours)} GPU-hours "
+    cpu = ([f"CPU jobs: {plan.cpu_jobs:,}, about {hours(plan.cpu_minutes)} of wall time one after "
+            "another (every attempt and start-up; cost.cpu_jobs)"] if plan.cpu_jobs else [])
+    if not plan.jobs:
+        return cpu
+    return cpu + [f"total: {plan.jobs:,} GPU jobs, about {approx(plan.gpu_hours)} GPU-hours "
             f"(every attempt of every job at its walltime: {approx(plan.requested_gpu_hours)}); "
             f"longest chain of jobs about {hours(plan.chain_min())} (a GPU for every job, no "
             f"queueing)",

@@ -21,6 +21,7 @@ every model on one benchmark are paired.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import polars as pl
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from . import cli
 from .config import Config, ConfigError
+from .core.common import timing
 from .core.common.io import ArtifactError, provenance, read_parquet, write_parquet
 from .core.common.metrics import Estimate, bootstrap_ci, summarise
 from .core.data.problems import PROBLEM_SCHEMA
@@ -172,8 +174,11 @@ def main(args, cfg: Config) -> None:
     sample = open_sampler(ev.backend, args.model, settings)
     model_ref = json.loads(Path(args.model).read_text())
     for (bench, _, out), problems in zip(jobs, problem_sets, strict=True):
+        clock = time.perf_counter()
         samples = sample(problems["prompt"].to_list(), settings,
                          desc=f"eval {args.size}/{args.method}/{bench}")
+        timing.add(generation_s=time.perf_counter() - clock, samples=len(samples),
+                   tokens=sum(len(s.response_token_ids) for s in samples))
         golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
         graders = graders_of(cfg, bench)
         verdicts = {g: grade_many([s.response for s in samples], [golds[s.prompt_idx] for s in samples],

@@ -23,6 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from .config import (
     Config,
     Cost,
+    CostRates,
     Hub,
     HubModel,
     HubSource,
@@ -30,6 +31,7 @@ from .config import (
     Method,
     ModelSize,
     Numerics,
+    RuleRates,
     Train,
     digest,
 )
@@ -144,6 +146,15 @@ UNHASHED_AT_DEFAULT: dict[tuple[type, str], str] = {
     (Config, "hub"): "2026-12: where snapshots and caches live; no job's result keys read it",
     (Cost, "walltime_margin"): "2026-12: a job's walltime; the cost plan is no job's result key",
     (Cost, "walltime_round_minutes"): "2026-12: as walltime_margin",
+    (Cost, "rules"): "2026-12: the cost plan's per-rule rates; no job's result key",
+    (Cost, "cpu_jobs"): "2026-12: whether the cost plan estimates CPU jobs; no job's result key",
+    (RuleRates, "generation_tokens_per_s"): "2026-12: as Cost.rules",
+    (RuleRates, "train_mfu"): "2026-12: as Cost.rules",
+    (RuleRates, "startup_minutes"): "2026-12: as Cost.rules",
+    (RuleRates, "response_tokens"): "2026-12: as Cost.rules",
+    (CostRates, "prompt_tokens"): "2026-12: as Cost.rules",
+    (CostRates, "step_overhead_s"): "2026-12: as Cost.rules",
+    (CostRates, "rules"): "2026-12: as Cost.rules",
     (Hub, "cache_dir"): "2026-12: as `hub`",
 }
 """The rule for a new result key: each key that came after results existed, by (the config model

@@ -56,6 +56,10 @@ class RunPaths:
     def train_log(self, size: str, method: str, seed) -> str:
         return f"{self.results}/logs/train/{size}/{method}/{seed}.log"
 
+    def log(self, rule: str, *wildcards) -> str:
+        """A job's log: logs/<rule>/<its wildcards, in the rule's order>.log."""
+        return f"{self.results}/logs/{rule}/{'/'.join(map(str, wildcards))}.log"
+
     def of_training(self, size: str, method: str, seed) -> list[str]:
         """The folders and files one training and everything made from it fill: the training,
         its evaluations (final and over steps), its overlap and its log."""

@@ -46,6 +46,7 @@ summary's columns, and the computation they share lives in stages.core.statistic
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -55,6 +56,7 @@ import torch
 
 from . import cli
 from .config import Config, ConfigError
+from .core.common import timing
 from .core.common.io import ArtifactError, provenance, read_parquet, write_json, write_parquet
 from .core.models.modeling import load_model_and_tokenizer
 from .core.report import plots
@@ -576,7 +578,10 @@ def main(args, cfg: Config) -> None:
                                                 device=device)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     check_rollouts(frame, args.rollouts, vocab_size)
+    clock = time.perf_counter()
     table, summary = compute(cfg, model, tokenizer, frame)
+    timing.add(statistics_s=time.perf_counter() - clock, tokens=int(frame['response_token_ids'].list.len().sum()
+                                                                     + frame['prompt_token_ids'].list.len().sum()))
     out_dir = Path(args.out_dir)
     prov = provenance("token_stats", STAGE_VERSION,
                       token_stats_config_hash(cfg, args.size),

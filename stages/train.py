@@ -79,6 +79,7 @@ import torch.distributed
 
 from . import cli
 from .config import Config, ConfigError, Method, Train
+from .core.common import timing
 from .core.common.io import (
     ArtifactError,
     atomic_dir,
@@ -558,8 +559,9 @@ def main(args, cfg: Config) -> None:
     began = time.perf_counter()
     bar = cli_progress(start, tcfg.steps, f"train {args.size}/{args.method}", dist.job.rank)
 
-    def resubmit(why: str) -> None:
+    def resubmit(why: str, done: int) -> None:
         """Stop here, to be resubmitted: the same command resumes from the last resume state."""
+        timing.note(attempts=attempted(done))
         bar.close()
         live.close()
         if dist.job.rank == 0:
@@ -569,12 +571,22 @@ def main(args, cfg: Config) -> None:
         shutdown(sampler)
         raise SystemExit(EXIT_RESUBMIT)
 
+    # this job's attempts so far, for the cost plan's calibration (stages.core.common.timing)
+    attempts = list((state or {}).get("attempts", []))
+    startup_s = timing.process_seconds()
+
+    def attempted(done: int) -> list[dict]:
+        """The attempts with this one, which has reached step `done`."""
+        return attempts + [{"first_step": start, "last_step": done, "startup_s": round(startup_s, 3),
+                            "wall_s": round(timing.process_seconds(), 3),
+                            "steps_s": round(sum(r["time_s"] for r in rows[start:done]), 3)}]
+
     def save(done: int, consumed: int) -> float:
         clock = time.perf_counter()
         save_state(engine, resume_dir, {"fingerprint": expected, "record": record,
                                         "world_size": dist.job.world, "step": done,
                                         "consumed": consumed, "metrics": rows,
-                                        "loggers": live.ids}, dist)
+                                        "loggers": live.ids, "attempts": attempted(done)}, dist)
         triggers.saved()
         return time.perf_counter() - clock
 
@@ -597,7 +609,7 @@ def main(args, cfg: Config) -> None:
             if step > start:  # else the state this attempt began from is the one to keep
                 save(step, before)
             resubmit(f"SIGURG (time limit near) during the generation of step {step + 1}: resume "
-                     f"state at step {step} of {tcfg.steps}, before its update")
+                     f"state at step {step} of {tcfg.steps}, before its update", step)
         clock = time.perf_counter()
         updates, trained, layout = train_step(step, engine, roll, method, cfg, dist, run_seed,
                                               pad_id, ref_model, timer)
@@ -627,14 +639,15 @@ def main(args, cfg: Config) -> None:
             save_s = save(done, consumed)
             if signalled:  # the time limit is near
                 resubmit(f"SIGURG (time limit near): resume state saved after step {done} of "
-                         f"{tcfg.steps}")
+                         f"{tcfg.steps}", done)
             if forced:
                 resubmit(f"train.stop_after_steps ({tcfg.stop_after_steps} steps an attempt): "
-                         f"resume state saved after step {done} of {tcfg.steps}")
+                         f"resume state saved after step {done} of {tcfg.steps}", done)
     bar.close()
     live.close()
     seconds = time.perf_counter() - began
     finish(engine, tokenizer, cfg, args, rows, out_dir, resume_dir, dist, seconds, start)
+    timing.note(attempts=attempted(tcfg.steps))
     shutdown(sampler)
 
 

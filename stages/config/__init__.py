@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .base import ConfigError, Name, Strict, digest, engine_kwargs_field
 from .checks import ENGINE_SET_BY_US, TRAIN_ENGINE_SET_BY_US, check_engine_kwargs
-from .cost import Cost, CostRates
+from .cost import Cost, CostRates, RuleRates
 from .datasets import Dataset, GeneratedSource, HubSource, LocalSource, Source
 from .evaluate import Evaluate
 from .experiment import Experiment
@@ -39,7 +39,7 @@ from .token_stats import TokenStats
 from .train import Train, VirtualLayout
 
 __all__ = [
-    "ENGINE_SET_BY_US", "TRAIN_ENGINE_SET_BY_US", "Config", "ConfigError", "Cost", "CostRates",
+    "ENGINE_SET_BY_US", "TRAIN_ENGINE_SET_BY_US", "Config", "ConfigError", "Cost", "CostRates", "RuleRates",
     "Dataset", "Evaluate", "Experiment", "GeneratedSource", "GgufModel", "Gpus", "Hub", "HubModel",
     "HubSource", "LocalSource", "Loss", "Method", "MethodEvaluate", "ModelSize", "Name", "Numerics",
     "ResourceOverride", "Resources", "Rollout", "RuleResources", "ScratchArch", "Sft",

@@ -4,9 +4,29 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import Name, Strict
+
+
+class RuleRates(Strict):
+    """One rule's own rates, where its jobs run another way than the others (a calibration
+    writes them: a training's colocated engine decodes at another rate than an evaluation's, and
+    each stage starts up in its own time); an unset field keeps the size's and `cost`'s."""
+
+    generation_tokens_per_s: float | None = Field(None, gt=0, description="this rule's cost.generation_tokens_per_s")
+    train_mfu: float | None = Field(None, gt=0, le=1, description="this rule's cost.train_mfu")
+    startup_minutes: float | None = Field(None, ge=0, description="this rule's cost.startup_minutes")
+    response_tokens: int | None = Field(
+        None, gt=0, description="this rule's cost.response_tokens (the base model's rollouts "
+        "are not the trained policy's)")
+
+
+def known_rules(value: dict) -> dict:
+    unknown = sorted(set(value) - set(RULES))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a rule the plan estimates ({', '.join(RULES)})")
+    return value
 
 
 class CostRates(Strict):
@@ -17,6 +37,16 @@ class CostRates(Strict):
     response_tokens: int | None = Field(None, gt=0, description="this size's cost.response_tokens")
     eval_response_tokens: int | None = Field(None, gt=0, description="this size's cost.eval_response_tokens")
     generation_batches: float | None = Field(None, ge=1, description="this size's cost.generation_batches")
+    prompt_tokens: int | None = Field(None, gt=0, description="this size's cost.prompt_tokens")
+    step_overhead_s: float | None = Field(None, ge=0, description="this size's cost.step_overhead_s")
+    rules: dict[Name, RuleRates] = Field(
+        default_factory=dict, description="rule -> this size's own rates for it, over cost.rules")
+
+    _rules = field_validator("rules")(lambda cls, value: known_rules(value))
+
+
+RULES = ("train", "rollout", "token_stats", "evaluate", "evaluate_checkpoint", "overlap")
+"""The rules the cost plan estimates."""
 
 
 class Cost(Strict):
@@ -69,11 +99,26 @@ class Cost(Strict):
         "table of known sources (stages.cost.KNOWN_PROBLEMS) lacks it")
     sizes: dict[Name, CostRates] = Field(
         default_factory=dict, description="model size -> changes to the throughputs and lengths")
+    rules: dict[Name, RuleRates] = Field(
+        default_factory=dict, description="rule (train, rollout, token_stats, evaluate, "
+        "evaluate_checkpoint, overlap) -> its own rates, over the size's")
+    cpu_jobs: bool = Field(
+        False, description="ours: estimate the jobs of sizes without GPUs too, each on its CPU "
+        "processes (the rates then stand for a CPU's: gpu_tflops its peak, "
+        "generation_tokens_per_s a process's); how the plan is checked against the default's "
+        "CPU runs (stages.calibrate, docs/performance.md)")
 
-    def of(self, size: str) -> Cost:
-        """These assumptions with one size's changes applied."""
-        changes = self.sizes[size].model_dump(exclude_none=True) if size in self.sizes else {}
+    def of(self, size: str, rule: str | None = None) -> Cost:
+        """These assumptions with one size's changes applied, then (given) one rule's."""
+        own = self.sizes.get(size)
+        changes = own.model_dump(exclude_none=True, exclude={"rules"}) if own else {}
+        if rule is not None:
+            for rules in (self.rules, own.rules if own else {}):
+                if rule in rules:
+                    changes |= rules[rule].model_dump(exclude_none=True)
         return self.model_copy(update=changes) if changes else self
 
     def eval_tokens(self) -> int:
         return self.eval_response_tokens or self.response_tokens
+
+    _rules = field_validator("rules")(lambda cls, value: known_rules(value))

@@ -66,8 +66,7 @@ from stages.cost import runtime_limit as cost_runtime_limit
 
 _COST_LIMIT = cost_runtime_limit(CFG)[0]  # scontrol and sacctmgr, asked once
 try:
-    TRAIN_RETRIES = (train_retries(CFG, _COST_LIMIT)
-                     if any(CFG.models[s].gpus.train for s in CFG.experiment.sizes) else None)
+    TRAIN_RETRIES = train_retries(CFG, _COST_LIMIT)
 except ConfigError as err:
     print(f"warning: no cost plan, so the profile's retries apply to training: {err}", file=sys.stderr)
     TRAIN_RETRIES = None
