@@ -50,7 +50,8 @@ def cost_page(text: str) -> str:
 
 rewrite(ROOT / "docs" / "plan.md", memory)
 rewrite(ROOT / "docs" / "cost.md", cost_page)
-rewrite(ROOT / "README.md", lambda t: between(t, "cost-summary", cost.summary_table(plans)))
+summary = cost.summary_table(cost.summary_plans(ROOT))
+rewrite(ROOT / "README.md", lambda t: between(t, "cost-summary", summary))
 rewrite(ROOT / "docs" / "cluster.md", lambda t: between(
-    between(t, "cost-summary", cost.summary_table(plans)), "cost-trainings", cost.train_table(plans)))
+    between(t, "cost-summary", summary), "cost-trainings", cost.train_table(plans)))
 sys.exit(0)

@@ -179,17 +179,13 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         rates = pilot.cost.of(size, "train")
         trainings = [t for t in measured.trainings if t.size == size]
         prompt = measured.prompt_tokens[size]
-        own: dict = {"prompt_tokens": max(1, round(prompt))}
+        own: dict = {"prompt_tokens": prompt}
         tokens = sum(t.tokens for t in trainings)
         responses = sum(t.responses for t in trainings)
         response = tokens / responses
-        same_limit = all(train_limit(pilot, size, t.method) == train_limit(full, size, t.method)
-                         for t in trainings if t.method in full.methods)
-        if same_limit:
-            own["response_tokens"] = max(1, round(response))
-        else:
-            notes.append(f"{size}: training responses not calibrated: the pilot's limit is not "
-                         f"the full run's (measured mean {response:.0f} tokens under the pilot's)")
+        cap = max(train_limit(pilot, size, t.method) for t in trainings)
+        _length(own, "response_tokens", response, cap, f"{size}: training responses", notes,
+                {train_limit(full, size, m) for m in full.experiment.methods})
         if pilot.train.dynamic_sampling:
             own["generation_batches"] = round(sum(t.generation_batches for t in trainings)
                                               / len(trainings), 3)
@@ -198,8 +194,9 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         gpus = units(pilot, size, "train")
         gen_rate = tokens / (sum(t.generation_s for t in trainings) * gpus)
         # the plan's FLOPs of each training at the measured lengths, against its forwards' seconds
-        at = rates.model_copy(update={"prompt_tokens": prompt, "response_tokens": response})
-        flops = sum(train_counts(pilot, size, t.method, arch, at).forward_flops() for t in trainings)
+        at = rates.model_copy(update={"prompt_tokens": prompt})
+        flops = sum(train_counts(pilot, size, t.method, arch, at, response).forward_flops()
+                    for t in trainings)
         mfu = flops / (sum(t.forward_s for t in trainings) * gpus * rates.gpu_tflops * 1e12)
         attempts = [a for t in trainings for a in t.attempts]
         startup = sum(t.startup_s for t in trainings) / len(attempts)
@@ -212,11 +209,9 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         rules["evaluate"] = {
             "generation_tokens_per_s": _sig(e_tokens / (sum(j.work_s for j in evals) * engine)),
             "startup_minutes": _sig(sum(j.wall_s - j.work_s for j in evals) / len(evals) / 60)}
-        if section.max_new_tokens == full.evaluate.max_new_tokens:
-            own["eval_response_tokens"] = max(1, round(e_tokens / sum(j.samples for j in evals)))
-        else:
-            notes.append(f"{size}: evaluation responses not calibrated: the pilot's "
-                         "evaluate.max_new_tokens is not the full run's")
+        _length(own, "eval_response_tokens", e_tokens / sum(j.samples for j in evals),
+                section.max_new_tokens, f"{size}: evaluation responses", notes,
+                {full.evaluate.max_new_tokens})
         rules["evaluate_checkpoint"] = dict(rules["evaluate"])
         stats = next(j for j in measured.jobs if j.rule == "token_stats" and j.size == size)
         r = pilot.rollout
@@ -229,9 +224,11 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         rules["token_stats"] = {
             "train_mfu": _sig(min(1.0, stat_flops / (stats.work_s * stat_rates.gpu_tflops * 1e12))),
             "startup_minutes": _sig((stats.wall_s - stats.work_s) / 60)}
-        if r.max_new_tokens == full.rollout.max_new_tokens:
-            rules["token_stats"]["response_tokens"] = max(1, round(rollout_resp))
-            rules["rollout"] = {"response_tokens": max(1, round(rollout_resp))}
+        lengths: dict = {}
+        _length(lengths, "response_tokens", rollout_resp, r.max_new_tokens,
+                f"{size}: the base model's rollouts", notes, {full.rollout.max_new_tokens})
+        rules["token_stats"] |= lengths
+        rules["rollout"] = dict(lengths)
         rules["overlap"] = dict(rules["token_stats"])
         own["rules"] = rules
         sizes[size] = own
@@ -242,6 +239,25 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
     if any(on_cpu(pilot, s) for s in sizes):
         cost["cpu_jobs"] = True
     return cost, notes
+
+
+def _length(into: dict, key: str, measured: float, cap: int, what: str, notes: list[str],
+            full_caps: set[int]) -> None:
+    """The mean before the limit (the plan's length model, stages.core.plans.cost.capped_mean)
+    that gives the `measured` mean under the pilot's `cap`; where the full run's limit differs,
+    the plan cuts that mean at its own limit (the model's extrapolation, noted)."""
+    from .core.plans import cost as cc
+
+    mean = cc.uncapped_mean(measured, cap)
+    if mean is None:
+        notes.append(f"{what}: not calibrated: their mean ({measured:.0f} tokens) is too close "
+                     f"to the pilot's limit of {cap} for the length model to tell the tail")
+        return
+    into[key] = mean
+    if full_caps != {cap}:
+        notes.append(f"{what}: measured {measured:.1f} tokens under the pilot's limit of {cap}, "
+                     f"a mean of {mean:.1f} before it by the length model; the full run's limit "
+                     f"({', '.join(map(str, sorted(full_caps)))}) cuts that mean its own way")
 
 
 def _sig(x: float) -> float:
@@ -311,14 +327,13 @@ def check(full: Config, measured: Measured) -> tuple[list[dict], list[str]]:
         rates = full.cost.of(size, "train")
         arch = model_arch(full, size)
         mean = sum(t.tokens for t in ts) / sum(t.responses for t in ts)
-        at = rates.model_copy(update={"response_tokens": mean})
         for t in ts:
-            c = train_counts(full, size, t.method, arch, at)
+            c = train_counts(full, size, t.method, arch, rates, mean)
             if round(c.responses * c.steps) != round(t.responses):
                 problems.append(f"train {size}/{t.method}/seed={t.seed}: the plan counts "
                                 f"{c.responses * c.steps:.0f} responses, the run sampled {t.responses:.0f}")
-        counted_tokens = sum(train_counts(full, size, t.method, arch, at).generated * t.steps
-                             for t in ts)
+        counted_tokens = sum(train_counts(full, size, t.method, arch, rates, mean).generated
+                             * t.steps for t in ts)
         if abs(counted_tokens - sum(t.tokens for t in ts)) > 0.5:
             problems.append(f"train {size}: the plan counts {counted_tokens:.0f} generated tokens "
                             f"at the run's mean length, the run generated {sum(t.tokens for t in ts):.0f}")

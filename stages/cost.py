@@ -301,10 +301,14 @@ def train_limit(cfg: Config, size: str, method: str) -> int:
                for d in cfg.experiment.train_datasets)
 
 
-def train_counts(cfg: Config, size: str, method: str, arch, rates: Cost) -> TrainCounts:
-    """The counted work of one training at the rates' mean lengths."""
+def train_counts(cfg: Config, size: str, method: str, arch, rates: Cost,
+                 response: float | None = None) -> TrainCounts:
+    """The counted work of one training at the rates' mean lengths (`response`: the mean response
+    as generated, cut at the limit, instead of the length model's)."""
     t, meth = cfg.train_for(method, size), cfg.methods[method]
-    prompt, resp = rates.prompt_tokens, min(rates.response_tokens, train_limit(cfg, size, method))
+    prompt = rates.prompt_tokens
+    resp = response if response is not None else cc.capped_mean(
+        rates.response_tokens, train_limit(cfg, size, method))
     batches = t.generation_batch_multiple * rates.generation_batches if t.dynamic_sampling else 1
     responses = t.prompts_per_step * batches * t.group_size
     rescore = _rescores(cfg, method)
@@ -393,7 +397,7 @@ def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int |
     engine_gpus = m.tensor_parallel_size if section.backend == "vllm" else 1
     if rule == "rollout":
         samples = section.prompts * section.n
-        tokens = samples * min(rates.response_tokens, section.max_new_tokens)
+        tokens = samples * cc.capped_mean(rates.response_tokens, section.max_new_tokens)
         kept = (samples * rates.prompt_tokens + tokens) * cc.ROLLOUT_BYTES_PER_TOKEN
         what = f"{section.prompts:,} prompts x {section.n}"
     else:
@@ -404,7 +408,7 @@ def generation_cost(cfg: Config, rule: str, size: str, method: str, limit: int |
                    if rule == "evaluate_checkpoint" else cfg.experiment.benchmarks)
         problems = sum(problems_of(cfg, b) for b in benches)
         samples = problems * section.n
-        tokens = samples * min(rates.eval_tokens(), limit_new)
+        tokens = samples * cc.capped_mean(rates.eval_tokens(), limit_new)
         kept = tokens * cc.SAMPLE_BYTES_PER_TOKEN
         what = f"{problems:,} problems of {len(benches)} benchmark(s) x {section.n}"
     gen_s = cc.generation_seconds(tokens, engine_gpus, rates.generation_tokens_per_s)
@@ -423,7 +427,7 @@ def teacher_forcing_cost(cfg: Config, rule: str, size: str, method: str, limit: 
     one no-gradient forward over the rollouts' prompt + response tokens on the first GPU."""
     rates, r = cfg.cost.of(size, rule), cfg.rollout
     arch = arch or model_arch(cfg, size)
-    prompt, resp = rates.prompt_tokens, min(rates.response_tokens, r.max_new_tokens)
+    prompt, resp = rates.prompt_tokens, cc.capped_mean(rates.response_tokens, r.max_new_tokens)
     tokens = r.prompts * r.n * (prompt + resp)
     flops = tokens * cc.forward_flops(arch, cc.mean_context(prompt, resp))
     work = cc.compute_seconds(flops, 1, rates.gpu_tflops, rates.train_mfu) / 60
@@ -557,8 +561,9 @@ def assumptions(cfg: Config) -> list[str]:
 
     def line(r: Cost) -> str:
         return (f"generation {approx(r.generation_tokens_per_s)} tokens/s per GPU, training "
-                f"{r.train_mfu:g} of {r.gpu_tflops:g} TFLOP/s, responses {r.response_tokens:,} "
-                f"tokens (evaluation {r.eval_tokens():,}), prompts {r.prompt_tokens:,}")
+                f"{r.train_mfu:g} of {r.gpu_tflops:g} TFLOP/s, responses {r.response_tokens:,.0f} "
+                f"tokens before their limit (evaluation {r.eval_tokens():,.0f}), prompts "
+                f"{r.prompt_tokens:,.0f}")
 
     out = [f"cost: {line(c)}; {c.generation_batches:g} generation batch(es) per step with dynamic "
            f"sampling; {c.step_overhead_s:g} s per step and {c.startup_minutes:g} min per job beside"]
@@ -619,14 +624,49 @@ def totals_lines(plan: CostPlan) -> list[str]:
 
 def summary_table(plans: list[CostPlan]) -> str:
     """The reproductions' totals as one Markdown table (README and docs/cluster.md print it)."""
-    rows = [["configuration", "GPU jobs", "GPU-hours (est.)", "GPU-hours requested (every "
-             "attempt)", "longest chain (est.)", "disk kept (est.)", "resume states (all at once)"]]
+    rows = [["configuration", "GPU jobs", "GPU-hours (est.)", "of them trainings (scale with "
+             "train.steps)", "GPU-hours requested (every attempt)", "longest chain (est.)",
+             "disk kept (est.)", "resume states (all at once)"]]
     rows.append(["---"] * len(rows[0]))
     for p in plans:  # the requests are the config's own numbers, not estimates: exact
-        rows.append([f"`{p.source}`", f"{p.jobs:,}", approx(p.gpu_hours),
+        train = sum(r.gpu_hours for r in p.rows if r.rule == "train")
+        rows.append([p.source if " " in p.source else f"`{p.source}`", f"{p.jobs:,}",
+                     approx(p.gpu_hours), f"{approx(train)} ({100 * train / p.gpu_hours:.0f}%)",
                      f"{p.requested_gpu_hours:,.0f}", hours(p.chain_min()), size_of(p.kept_bytes),
                      size_of(p.transient_bytes)])
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+PAPER_ABLATIONS = {
+    "config/paper.yaml": ("ict-rho0.2", "ict-rho0.3", "ict-frequent90", "random10-response",
+                          "ict-warmup10", "ict-warmup40"),
+    "config/beyond-80-20.yaml": ("entropy10", "entropy50", "entropy100", "entropy_bottom80",
+                                 "entropy20-29k"),
+}
+"""The method presets each configuration holds for its paper's own ablations (not our readings):
+the totals with them add each to experiment.methods, on every size and seed of the grid."""
+
+
+def summary_plans(root) -> list[CostPlan]:
+    """The README's rows: each reproduction as committed, with its paper's ablations, and its
+    pilot (config/pilots/)."""
+    from .config import load_configs
+
+    out = []
+    for name, plan in zip(("config/paper.yaml", "config/beyond-80-20.yaml"), docs_plans(root),
+                          strict=True):
+        out.append(plan)
+        full = load_configs([root / name])
+        grid = full.model_copy(update={"experiment": full.experiment.model_copy(update={
+            "methods": [*full.experiment.methods, *PAPER_ABLATIONS[name]]})})
+        limit, source = runtime_limit(grid, query=False)
+        out.append(cost_plan(grid, f"`{name}` with its paper's {len(PAPER_ABLATIONS[name])} "
+                                   "ablations", limit, source))
+        pilot_name = name.replace("config/", "config/pilots/")
+        pilot = load_configs([root / name, root / pilot_name])
+        limit, source = runtime_limit(pilot, query=False)
+        out.append(cost_plan(pilot, f"its pilot (`{pilot_name}`)", limit, source))
+    return out
 
 
 def train_table(plans: list[CostPlan]) -> str:

@@ -8,8 +8,10 @@ import json
 import math
 import subprocess
 
+import hypothesis.strategies as st
 import pytest
 import yaml
+from hypothesis import given
 
 from stages import cost
 from stages import plan as plan_cli
@@ -188,10 +190,12 @@ def test_sizes():
 def test_an_ict_training_of_05b_by_hand():
     cfg = cfg_of("paper")
     job = cost.train_cost(cfg, "qwen2.5-0.5b", "grpo", None)
-    # 128 prompts x 8 responses of 400 tokens on 4 GPUs at 10,000 tokens/s each
-    gen_s = 128 * 8 * 400 / (4 * 10_000)
-    # 1,024 sequences of 150 + 400 tokens; per token 2 x 494,032,768 + 4 x 24 x 896 x 275
-    flops = 1024 * 550 * (2 * 494_032_768 + 4 * 24 * 896 * 275)
+    # 128 prompts x 8 responses on 4 GPUs at 10,000 tokens/s each; exponential lengths of mean
+    # 400 cut at the longest limit, 2,048: 400 (1 - e^(-2048/400)) tokens on average
+    resp = 400 * (1 - math.exp(-2048 / 400))
+    gen_s = 128 * 8 * resp / (4 * 10_000)
+    # 1,024 sequences of 150 + resp tokens; per token 2 x 494,032,768 + 4 x 24 x 896 x (150 + resp) / 2
+    flops = 1024 * (150 + resp) * (2 * 494_032_768 + 4 * 24 * 896 * (150 + resp) / 2)
     pass_s = flops / (4 * 989e12 * 0.1)
     # sampling pass 1, reference 2 (KL, 2 epochs), training 2 x 4 (checkpointing); 30 s beside
     step_s = gen_s + 11 * pass_s + 30
@@ -234,7 +238,8 @@ def test_walltimes_from_the_plan_a_hand_set_one_and_none():
 def test_rescoring_and_warm_up():
     cfg = cfg_of("paper")
     grpo, ent = (cost.train_cost(cfg, "qwen2.5-0.5b", m, None) for m in ("grpo", "entropy20"))
-    pass_s = 1024 * 550 * (2 * 494_032_768 + 4 * 24 * 896 * 275) / (4 * 989e12 * 0.1)
+    seq = 150 + 400 * (1 - math.exp(-2048 / 400))  # the length model's mean response, cut at 2,048
+    pass_s = 1024 * seq * (2 * 494_032_768 + 4 * 24 * 896 * seq / 2) / (4 * 989e12 * 0.1)
     # every mini-batch after the first of the first epoch, in every one of the 116 steps
     assert ent.work_min - grpo.work_min == pytest.approx(116 * 15 / 8 * pass_s / 60)
     # ICT scores once per step (rescore: false): as GRPO; with rescoring, not in its warm-up
@@ -248,8 +253,10 @@ def test_an_8020_training_of_8b_by_hand():
     cfg = cfg_of("beyond-80-20")
     job = cost.train_cost(cfg, "qwen3-8b", "entropy20", None)
     # dynamic sampling: 1.2 generation batches of 3 x 512 prompts x 16 responses of 4,000 tokens
-    gen_s = 512 * 3 * 1.2 * 16 * 4000 / (8 * 3000)
-    flops = 512 * 16 * 4200 * (2 * 7_568_405_504 + 4 * 36 * 4096 * 2100)
+    # on average before the limit, cut at 20,480: 4,000 (1 - e^(-20480/4000)) = 3,976 tokens
+    resp = 4000 * (1 - math.exp(-20480 / 4000))
+    gen_s = 512 * 3 * 1.2 * 16 * resp / (8 * 3000)
+    flops = 512 * 16 * (200 + resp) * (2 * 7_568_405_504 + 4 * 36 * 4096 * (200 + resp) / 2)
     pass_s = flops / (8 * 989e12 * 0.25)
     step_s = gen_s + (1 + 15 / 16 + 4) * pass_s + 60
     assert job.work_min == pytest.approx(1000 * step_s / 60)
@@ -295,15 +302,19 @@ def test_evaluations_by_hand():
     job = cost.generation_cost(cfg, "evaluate", "qwen3-8b", "dapo", None, 1)
     # AIME'24 30 + AIME'25 30 + AMC'23 40 + MATH-500 500 + Minerva 272 + OlympiadBench 674
     problems = 30 + 30 + 40 + 500 + 272 + 674
-    assert job.work_min == pytest.approx(problems * 16 * 4000 / (2 * 3000) / 60)
+    resp = 4000 * (1 - math.exp(-20480 / 4000))  # cut at the evaluation's 20,480 tokens
+    assert job.work_min == pytest.approx(problems * 16 * resp / (2 * 3000) / 60)
     ckpt = cost.generation_cost(cfg, "evaluate_checkpoint", "qwen3-8b", "dapo", None, 19)
-    assert ckpt.work_min == pytest.approx(60 * 16 * 4000 / (2 * 3000) / 60)  # the two AIMEs
+    assert ckpt.work_min == pytest.approx(60 * 16 * resp / (2 * 3000) / 60)  # the two AIMEs
     # its walltime from the plan: 10.7 min of samples and 15 min of start-up x 1.5, rounded up
     # to 30 minutes: 1 h (an evaluation's configured 12 h would be its ceiling)
     assert (ckpt.gpus, ckpt.request_min, ckpt.jobs) == (2, 60, 19)
     assert ckpt.request_min == math.ceil((ckpt.work_min + 15) * 1.5 / 30) * 30
+    # the 29k run's evaluations cut the same lengths at 29,696 tokens: the tail above 20,480
     long = cost.generation_cost(cfg, "evaluate", "qwen3-32b", "entropy20-29k", None, 1)
-    assert long.work_min == pytest.approx(problems * 16 * 4000 / (4 * 1200) / 60)
+    longer = 4000 * (1 - math.exp(-29696 / 4000))
+    assert long.work_min == pytest.approx(problems * 16 * longer / (4 * 1200) / 60)
+    assert longer > resp
 
 
 def test_the_requests_follow_the_plan():
@@ -445,3 +456,25 @@ def test_the_config_written_back_validates(tmp_path):
     cfg = cfg_of("beyond-80-20")
     path = write_yaml(tmp_path / "resolved.yaml", cfg.model_dump(mode="json"))
     assert validate(yaml.safe_load(path.read_text()), "resolved").cost == cfg.cost
+
+
+def test_capped_mean_is_the_mean_of_exponential_lengths_cut_at_the_limit():
+    """float64 reference: E[min(X, c)] for X exponential of mean m, by numerical integration."""
+    from scipy import integrate
+
+    for m, c in [(4000.0, 20480.0), (4000.0, 29696.0), (400.0, 512.0), (25.0, 64.0), (30.0, 8.0)]:
+        want = integrate.quad(lambda x: min(x, c) * math.exp(-x / m) / m, 0, c)[0] \
+            + c * math.exp(-c / m)
+        assert cc.capped_mean(m, c) == pytest.approx(want, rel=1e-9)
+
+
+@given(st.floats(1.0, 1e5), st.floats(1.0, 1e5), st.floats(1.0, 1e5))
+def test_capped_mean_bounds_monotonicity_and_inverse(m, c, longer):
+    got = cc.capped_mean(m, c)
+    assert 0 < got <= min(m, c) * (1 + 1e-12)
+    assert cc.capped_mean(m, c + longer) >= got  # a longer limit lets more of the tail through
+    back = cc.uncapped_mean(got, c)
+    if got < 0.9 * c:
+        assert back == pytest.approx(m, rel=1e-6)
+    else:
+        assert back is None

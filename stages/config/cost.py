@@ -17,7 +17,7 @@ class RuleRates(Strict):
     generation_tokens_per_s: float | None = Field(None, gt=0, description="this rule's cost.generation_tokens_per_s")
     train_mfu: float | None = Field(None, gt=0, le=1, description="this rule's cost.train_mfu")
     startup_minutes: float | None = Field(None, ge=0, description="this rule's cost.startup_minutes")
-    response_tokens: int | None = Field(
+    response_tokens: float | None = Field(
         None, gt=0, description="this rule's cost.response_tokens (the base model's rollouts "
         "are not the trained policy's)")
 
@@ -34,10 +34,10 @@ class CostRates(Strict):
 
     generation_tokens_per_s: float | None = Field(None, gt=0, description="this size's cost.generation_tokens_per_s")
     train_mfu: float | None = Field(None, gt=0, le=1, description="this size's cost.train_mfu")
-    response_tokens: int | None = Field(None, gt=0, description="this size's cost.response_tokens")
-    eval_response_tokens: int | None = Field(None, gt=0, description="this size's cost.eval_response_tokens")
+    response_tokens: float | None = Field(None, gt=0, description="this size's cost.response_tokens")
+    eval_response_tokens: float | None = Field(None, gt=0, description="this size's cost.eval_response_tokens")
     generation_batches: float | None = Field(None, ge=1, description="this size's cost.generation_batches")
-    prompt_tokens: int | None = Field(None, gt=0, description="this size's cost.prompt_tokens")
+    prompt_tokens: float | None = Field(None, gt=0, description="this size's cost.prompt_tokens")
     step_overhead_s: float | None = Field(None, ge=0, description="this size's cost.step_overhead_s")
     rules: dict[Name, RuleRates] = Field(
         default_factory=dict, description="rule -> this size's own rates for it, over cost.rules")
@@ -66,13 +66,14 @@ class Cost(Strict):
     generation_tokens_per_s: float = Field(
         2000.0, gt=0, description="tokens one GPU's share of a vLLM engine generates per second, "
         "in the training job's colocated engine and the rollout and evaluation jobs alike")
-    prompt_tokens: int = Field(200, gt=0, description="mean prompt length, tokens")
-    response_tokens: int = Field(
+    prompt_tokens: float = Field(200, gt=0, description="mean prompt length, tokens")
+    response_tokens: float = Field(
         1000, gt=0, description="mean generated tokens of a training or base-model rollout "
-        "response (capped at each job's limit)")
-    eval_response_tokens: int | None = Field(
-        None, gt=0, description="mean generated tokens of an evaluation sample, capped at the "
-        "evaluation's limit (None: response_tokens)")
+        "response before its limit: the plan cuts exponential lengths of this mean at each job's "
+        "limit (ours: stages.core.plans.cost.capped_mean)")
+    eval_response_tokens: float | None = Field(
+        None, gt=0, description="the same of an evaluation sample, cut at the evaluation's limit "
+        "(None: response_tokens)")
     generation_batches: float = Field(
         1.0, ge=1, description="dynamic sampling: mean generation batches per rollout step "
         "(verl's num_gen_batches; at most train.max_sampling_rounds)")

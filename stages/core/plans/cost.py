@@ -68,6 +68,28 @@ def forward_flops(arch: Arch, context: float) -> float:
     return 2 * matmul_params(arch) + 4 * arch.layers * arch.q_width * context
 
 
+def capped_mean(mean: float, cap: float) -> float:
+    """Mean length of responses cut at `cap` tokens whose uncut lengths are exponential with mean
+    `mean` (ours: the length model): E[min(X, cap)] = mean x (1 - exp(-cap / mean)). A longer cap
+    lets more of the tail through; a cap far above the mean changes little."""
+    return mean * -math.expm1(-cap / mean)
+
+
+def uncapped_mean(capped: float, cap: float) -> float | None:
+    """The exponential mean whose cut at `cap` has mean `capped` (the inverse of capped_mean, by
+    bisection); None where `capped` is too close to the cap to tell (over 0.9 cap: most responses
+    ran into it, and any longer tail fits)."""
+    if not 0 < capped < 0.9 * cap:
+        return None
+    lo, hi = capped, capped
+    while capped_mean(hi, cap) < capped:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if capped_mean(mid, cap) < capped else (lo, mid)
+    return (lo + hi) / 2
+
+
 def mean_context(prompt: float, response: float) -> float:
     """Mean positions a token of a prompt + response sequence attends to under a causal mask."""
     return (prompt + response) / 2
