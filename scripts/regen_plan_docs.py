@@ -5,7 +5,7 @@ them: docs/plan.md's memory plans and docs/cost.md's cost plans (the fenced bloc
 import sys
 from pathlib import Path
 
-from stages import cost
+from stages import cost_report
 from stages.config import load_config
 from stages.plan import plan, render
 
@@ -39,19 +39,19 @@ def memory(text: str) -> str:
     return text
 
 
-plans = cost.docs_plans(ROOT)
+plans = cost_report.docs_plans(ROOT)
 
 
 def cost_page(text: str) -> str:
     for p in plans:
-        text = fenced(text, f"## {p.source}", cost.render(p, load_config(ROOT / p.source)))
+        text = fenced(text, f"## {p.source}", cost_report.render(p, load_config(ROOT / p.source)))
     return text
 
 
 rewrite(ROOT / "docs" / "plan.md", memory)
 rewrite(ROOT / "docs" / "cost.md", cost_page)
-summary = cost.summary_table(cost.summary_plans(ROOT))
+summary = cost_report.summary_table(cost_report.summary_plans(ROOT))
 rewrite(ROOT / "README.md", lambda t: between(t, "cost-summary", summary))
 rewrite(ROOT / "docs" / "cluster.md", lambda t: between(
-    between(t, "cost-summary", summary), "cost-trainings", cost.train_table(plans)))
+    between(t, "cost-summary", summary), "cost-trainings", cost_report.train_table(plans)))
 sys.exit(0)

@@ -44,7 +44,8 @@ from .config import Config, ConfigError, load_configs, source_of
 from .core.common import timing
 from .core.common.io import ArtifactError
 from .core.plans.dimensions import model_arch
-from .cost import cost_plan, on_cpu, render, runtime_limit, train_counts, train_limit, units
+from .cost import cost_plan, on_cpu, runtime_limit, train_counts, train_limit, units
+from .cost_report import render
 from .paths import RunPaths
 
 MIN_STEPS = 3

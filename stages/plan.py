@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cost_main(cfg: Config, args) -> int:
     """--cost: the plan, its warnings on stderr; exit 1 where a training can never finish."""
-    from . import cost
+    from . import cost, cost_report
 
     if args.max_runtime is not None:
         limit, source = args.max_runtime, "--max-runtime"
@@ -525,7 +525,7 @@ def _cost_main(cfg: Config, args) -> int:
     if args.json:
         print(json.dumps(plan_.as_dict(), indent=1))
     elif plan_.rows:
-        print(cost.render(plan_, cfg), end="")
+        print(cost_report.render(plan_, cfg), end="")
     else:
         print("no GPU jobs: every size runs on the CPU (the cost plan estimates GPU jobs)")
     if plan_.warnings:

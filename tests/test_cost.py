@@ -13,7 +13,7 @@ import pytest
 import yaml
 from hypothesis import given
 
-from stages import cost
+from stages import cost, cost_report
 from stages import plan as plan_cli
 from stages.config import ConfigError, validate
 from stages.core.plans import cost as cc
@@ -320,7 +320,7 @@ def test_evaluations_by_hand():
 def test_the_requests_follow_the_plan():
     """docs review §2a counted one attempt of every job at its request: 10,362 GPU-hours for ICT's
     903 estimated, when the trainings asked for 24-48 h by hand; the requests are now the plan's."""
-    paper, beyond = cost.docs_plans(ROOT)
+    paper, beyond = cost_report.docs_plans(ROOT)
     assert paper.jobs == 3 + 3 + 60 + 75 + 60
     for plan in (paper, beyond):
         for r in plan.rows:  # each job's estimate x 1.5, rounded up, at most its rule's runtime
@@ -379,7 +379,7 @@ def test_problem_counts():
 def test_the_training_rules_retries():
     assert cost.train_retries(cfg_of("paper"), None) is None  # every training fits its request
     beyond = cfg_of("beyond-80-20")
-    most = max(r.attempts for r in cost.docs_plans(ROOT)[1].rows if r.rule == "train")
+    most = max(r.attempts for r in cost_report.docs_plans(ROOT)[1].rows if r.rule == "train")
     assert cost.train_retries(beyond, None) == most - 1
     assert cost.train_retries(beyond, 2880) > most - 1
     assert cost.train_retries(cfg_of("config"), None) is None  # CPU trainings
@@ -424,7 +424,7 @@ def test_cli_json(capsys):
     assert plan_cli.main(["--configfile", str(ROOT / "config" / "paper.yaml"), "--cost", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["gpu_jobs"] == 201
-    assert data["requested_gpu_hours"] == round(cost.docs_plans(ROOT)[0].requested_gpu_hours, 1)
+    assert data["requested_gpu_hours"] == round(cost_report.docs_plans(ROOT)[0].requested_gpu_hours, 1)
     train = [j for j in data["jobs"] if j["rule"] == "train"]
     assert {tuple(j["methods"]) for j in train} == {("grpo", "ict"), ("entropy20", "stapo")}
 

@@ -91,7 +91,7 @@ def test_the_docs_memory_plans_are_the_configs(config, gpu_gb):
 
 @pytest.fixture(scope="module")
 def cost_plans():
-    from stages.cost import docs_plans
+    from stages.cost_report import docs_plans
 
     return docs_plans(ROOT)
 
@@ -101,7 +101,7 @@ def test_the_cost_totals_in_the_docs_are_the_configs(page):
     """The reproductions' estimated totals (python -m stages.plan --cost), with their papers'
     ablations and their pilots, at the top of the cluster page and in the README's runs:
     regenerate with scripts/regen_plan_docs.py."""
-    from stages.cost import summary_plans, summary_table
+    from stages.cost_report import summary_plans, summary_table
 
     assert summary_table(summary_plans(ROOT)) in (ROOT / page).read_text(), (
         f"{page}: the cost totals are out of date; run scripts/regen_plan_docs.py")
@@ -109,7 +109,7 @@ def test_the_cost_totals_in_the_docs_are_the_configs(page):
 
 def test_the_docs_trainings_and_cost_plans_are_the_configs(cost_plans):
     from stages.config import load_config
-    from stages.cost import render, train_table
+    from stages.cost_report import render, train_table
 
     assert train_table(cost_plans) in (ROOT / "docs" / "cluster.md").read_text(), (
         "docs/cluster.md: the trainings' attempts are out of date; run scripts/regen_plan_docs.py")

@@ -137,10 +137,10 @@ def attempts(work: float, attempt: float, startup: float, lost: float) -> int | 
     return 1 + math.ceil((work - first) / useful)
 
 
-def wall_minutes(work: float, n: int, startup: float, lost: float) -> float:
+def wall_minutes(work: float, n: int, startup: float, wasted: float) -> float:
     """Minutes of `n` attempts of a job of `work` minutes: each one's start-up, and the work each
-    kill loses (the worst case of :func:`attempts`)."""
-    return work + n * startup + (n - 1) * lost
+    kill throws away (on average; :func:`attempts` counts the worst case)."""
+    return work + n * startup + (n - 1) * wasted
 
 
 # ---------------------------------------------------------------------------------------------
