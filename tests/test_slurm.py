@@ -54,6 +54,8 @@ BINARIES = ["munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "sque
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 GRES_CONF = SLURM_CONF.with_name("gres.conf")
 FAKE_GPUS = 2  # GPUs SLURM schedules on each node; none exist, so a job that asks for them sees 0
+GPU_TYPE = "fake"  # the nodes' GPUs have a type (gres.conf Type=), as a site's do
+NODE_FEATURE = "ib"  # and the nodes a feature (slurm.conf Feature=)
 NODES = ("n1", "n2")  # two slurmd on this host
 LOCK = Path(tempfile.gettempdir()) / "ict-rlvr-slurm-test.lock"
 PARTITION = "ict"  # where the test sends CPU jobs; not the default partition
@@ -160,7 +162,8 @@ class LocalSlurm:
         # both nodes are this host (NodeHostname), each slurmd on its own port; %n is the node name
         nodes = "\n".join(
             f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={free_port()} "
-            f"CPUs={cpus} RealMemory={memory} Gres=gpu:{FAKE_GPUS} State=UNKNOWN" for node in NODES)
+            f"CPUs={cpus} RealMemory={memory} Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} "
+            f"Feature={NODE_FEATURE} State=UNKNOWN" for node in NODES)
         conf = f"""\
 {CONF_HEADER} for a throw-away two-node cluster on one host; removed afterwards
 ClusterName=ictrlvr
@@ -204,7 +207,8 @@ PartitionName={GPU_PARTITION} Nodes={','.join(NODES)} MaxTime=INFINITE State=UP
             (d / node).mkdir()
             for i in range(FAKE_GPUS):
                 os.mknod(d / node / f"gpu{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
-            gres += f"NodeName={node} Name=gpu File={d / node}/gpu[0-{FAKE_GPUS - 1}]\n"
+            gres += (f"NodeName={node} Name=gpu Type={GPU_TYPE} "
+                     f"File={d / node}/gpu[0-{FAKE_GPUS - 1}]\n")
         SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
         for path, text in ((SLURM_CONF, conf), (GRES_CONF, gres)):
             before = path.read_bytes() if path.exists() else None
@@ -510,6 +514,9 @@ def start_training_runs(local_wd: Path, cfg_path: str, env: dict[str, str], base
         "gpus": {"gpus": {"train": FAKE_GPUS}},
         "gpus_two_nodes": {"gpus": {"train": 2 * FAKE_GPUS}, "train_nodes": 2},
     }
+    # the GPU runs name a GPU type and a node feature, as a site would ($ICT_GPU_MODEL,
+    # $ICT_GPU_CONSTRAINT): slurmctld must grant both from the nodes' typed gres and features
+    typed = {**env, "ICT_GPU_MODEL": GPU_TYPE, "ICT_GPU_CONSTRAINT": NODE_FEATURE}
     runs = {}
     for name, layout in layouts.items():
         cfg = json.loads(json.dumps(raw))
@@ -529,7 +536,8 @@ def start_training_runs(local_wd: Path, cfg_path: str, env: dict[str, str], base
                 snakemake_cmd(wd, target, *how, "--configfile", str(write_yaml(base / f"{name}.yaml", cfg)),
                               "--rerun-triggers", "mtime", timeout=TRAINING_TIMEOUT_S,
                               fast_polling=name != "local"),
-                cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
+                cwd=wd, env=typed if name.startswith("gpus") else env, stdout=fh,
+                stderr=subprocess.STDOUT, text=True)
         runs[name] = {"wd": wd, "log": log, "proc": proc}
     return {"target": target, "runs": runs, "started": time.monotonic()}
 
@@ -812,7 +820,11 @@ def test_multi_gpu_training_is_one_task_that_stops_when_it_sees_too_few_gpus(tra
     assert run["returncode"] != 0, run["out"][-3000:]
     job = run["scontrol"]
     assert (job["JobState"], job["Partition"], job["NumTasks"]) == ("FAILED", GPU_PARTITION, "1"), job
-    assert job["TresPerJob"] == f"gres:gpu:{FAKE_GPUS}", job
+    # the site's GPU type and node feature, once each on the plugin's sbatch line, granted
+    assert f" --gpus={GPU_TYPE}:{FAKE_GPUS}" in run["sbatch"] and "--gres" not in run["sbatch"], run["sbatch"]
+    assert f" -C {NODE_FEATURE}" in run["sbatch"], run["sbatch"]
+    assert job["TresPerJob"] == f"gres:gpu:{GPU_TYPE}:{FAKE_GPUS}", job
+    assert job["Features"] == NODE_FEATURE, job
     assert f"error: this job requested {FAKE_GPUS} GPU(s) but sees 0 (CUDA_VISIBLE_DEVICES='0,1'" in run["job_log"]
     assert "stages.launch INFO launching" not in run["job_log"]  # it stopped before starting any worker
 
@@ -858,11 +870,13 @@ def test_two_node_gpu_job_asks_each_node_for_its_gpus_and_each_node_checks_them(
     run = training_runs["gpus_two_nodes"]
     assert run["returncode"] != 0, run["out"][-3000:]
     assert " --nodes=2 --ntasks=2 --cpus-per-task=1 " in run["sbatch"], run["sbatch"]
-    assert run["sbatch"].endswith(f" --gres=gpu:{FAKE_GPUS}"), run["sbatch"]
+    assert run["sbatch"].endswith(f" --gres=gpu:{GPU_TYPE}:{FAKE_GPUS}"), run["sbatch"]
     assert "--gpus" not in run["sbatch"] and "--ntasks-per-gpu" not in run["sbatch"], run["sbatch"]
+    assert f" -C {NODE_FEATURE}" in run["sbatch"], run["sbatch"]
     job, log = run["scontrol"], run["job_log"]
     assert (job["JobState"], job["Partition"], job["NumNodes"]) == ("FAILED", GPU_PARTITION, "2"), job
-    assert job["TresPerNode"] == f"gres:gpu:{FAKE_GPUS}", job
+    assert job["TresPerNode"] == f"gres:gpu:{GPU_TYPE}:{FAKE_GPUS}", job
+    assert job["Features"] == NODE_FEATURE, job
     # the step on each node sees the node's GPUs; srun stops the other node once one fails, so at
     # least one says so
     assert re.search(rf"error: node n[12] of this 2-node job needs {FAKE_GPUS} GPU\(s\) but sees 0 "
