@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,8 @@ class Training:
     generation_batches: float
     generation_s: float
     forward_s: float
-    other_s: float
+    others: list[float]
+    """each step's seconds beside generation, scoring and training"""
     attempts: list[dict]
 
     @property
@@ -126,6 +128,12 @@ def measure(cfg: Config, *, methods=None, seeds=None) -> Measured:
         frame = pl.read_parquet(rollouts, columns=["prompt_token_ids", "response_token_ids"])
         out.prompt_tokens[size] = float(frame["prompt_token_ids"].list.len().mean())
         out.rollout_response_tokens[size] = float(frame["response_token_ids"].list.len().mean())
+        roll = _timing(paths.log("rollout", size), "the base model's rollouts")
+        if "generation_s" not in roll:
+            raise CalibrationError(f"{paths.log('rollout', size)}: its timing line has no "
+                                   "generation time (made before the stage recorded it): rerun it")
+        out.jobs.append(Job("rollout", size, "base", roll["wall_s"], roll["generation_s"],
+                            roll["tokens"], roll["samples"]))
         stats = _timing(paths.log("token_stats", size), "the token statistics")
         out.jobs.append(Job("token_stats", size, "base", stats["wall_s"], stats["statistics_s"],
                             stats["tokens"]))
@@ -161,7 +169,7 @@ def _training(cfg: Config, paths: RunPaths, size: str, method: str, seed: int) -
     return Training(size, method, seed, len(m), float(tokens.sum()),
                     float((tokens / m["response_length_mean"]).sum()),
                     float(m["generation_batches"].mean()), float(m["time_generation_s"].sum()),
-                    float(forward.sum()), float((m["time_s"] - m["time_generation_s"] - forward).sum()),
+                    float(forward.sum()), (m["time_s"] - m["time_generation_s"] - forward).to_list(),
                     attempts)
 
 
@@ -190,8 +198,12 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         if pilot.train.dynamic_sampling:
             own["generation_batches"] = round(sum(t.generation_batches for t in trainings)
                                               / len(trainings), 3)
-        steps = sum(t.steps for t in trainings)
-        own["step_overhead_s"] = round(sum(t.other_s for t in trainings) / steps, 4)
+        # a step's overhead is the typical step's (the median): what the first step of an attempt
+        # spends above it (the graders' first calls, warming caches) is the attempt's start-up
+        others = [x for t in trainings for x in t.others]
+        overhead = statistics.median(others)
+        own["step_overhead_s"] = round(overhead, 4)
+        first_steps = sum(others) - overhead * len(others)
         gpus = units(pilot, size, "train")
         gen_rate = tokens / (sum(t.generation_s for t in trainings) * gpus)
         # the plan's FLOPs of each training at the measured lengths, against its forwards' seconds
@@ -200,7 +212,7 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
                     for t in trainings)
         mfu = flops / (sum(t.forward_s for t in trainings) * gpus * rates.gpu_tflops * 1e12)
         attempts = [a for t in trainings for a in t.attempts]
-        startup = sum(t.startup_s for t in trainings) / len(attempts)
+        startup = (sum(t.startup_s for t in trainings) + first_steps) / len(attempts)
         rules = {"train": {"generation_tokens_per_s": _sig(gen_rate), "train_mfu": _sig(min(1.0, mfu)),
                            "startup_minutes": _sig(startup / 60)}}
         evals = [j for j in measured.jobs if j.rule == "evaluate" and j.size == size]
@@ -229,7 +241,10 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         _length(lengths, "response_tokens", rollout_resp, r.max_new_tokens,
                 f"{size}: the base model's rollouts", notes, {full.rollout.max_new_tokens})
         rules["token_stats"] |= lengths
-        rules["rollout"] = dict(lengths)
+        roll = next(j for j in measured.jobs if j.rule == "rollout" and j.size == size)
+        engine = pilot.models[size].tensor_parallel_size if r.backend == "vllm" else 1
+        rules["rollout"] = {"generation_tokens_per_s": _sig(roll.tokens / (roll.work_s * engine)),
+                            "startup_minutes": _sig((roll.wall_s - roll.work_s) / 60), **lengths}
         rules["overlap"] = dict(rules["token_stats"])
         own["rules"] = rules
         sizes[size] = own
@@ -292,12 +307,12 @@ def _processor() -> str:
 # ---------------------------------------------------------------------------------------------
 # The check against a finished full run
 # ---------------------------------------------------------------------------------------------
-RULE_ORDER = ("train", "evaluate", "token_stats")
+RULE_ORDER = ("rollout", "token_stats", "train", "evaluate")
 
 
 def check(full: Config, measured: Measured) -> tuple[list[dict], list[str]]:
-    """Predicted against measured, by rule (train, evaluate, token_stats) and in total, with the
-    counted work of both; problems: counts that differ."""
+    """Predicted against measured, by rule (RULE_ORDER) and in total, with the counted work of
+    both; problems: counts that differ."""
     plan = cost_plan(full, limit=runtime_limit(full, query=False)[0])
     rows, problems = [], []
     predicted = {rule: 0.0 for rule in RULE_ORDER}
@@ -306,12 +321,11 @@ def check(full: Config, measured: Measured) -> tuple[list[dict], list[str]]:
         if r.rule in predicted:
             predicted[r.rule] += r.jobs * r.wall_min * 60
             jobs[r.rule] += r.jobs
+    others = [rule for rule in RULE_ORDER if rule != "train"]
     wall = {"train": sum(t.wall_s for t in measured.trainings),
-            **{rule: sum(j.wall_s for j in measured.jobs if j.rule == rule)
-               for rule in ("evaluate", "token_stats")}}
+            **{rule: sum(j.wall_s for j in measured.jobs if j.rule == rule) for rule in others}}
     counted = {"train": len(measured.trainings),
-               **{rule: sum(1 for j in measured.jobs if j.rule == rule)
-                  for rule in ("evaluate", "token_stats")}}
+               **{rule: sum(1 for j in measured.jobs if j.rule == rule) for rule in others}}
     for rule in RULE_ORDER:
         if counted[rule] != jobs[rule]:
             problems.append(f"{rule}: the plan counts {jobs[rule]} jobs, the run has {counted[rule]}")

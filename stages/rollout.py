@@ -8,15 +8,17 @@
 from __future__ import annotations
 
 import random
+import time
 
 import polars as pl
 import pyarrow as pa
 
 from . import cli
 from .config import Config, ConfigError
+from .core.common import timing
 from .core.common.io import provenance, read_parquet, write_parquet
 from .core.data.problems import PROBLEM_SCHEMA
-from .core.models.backends import SamplingSettings, generate
+from .core.models.backends import SamplingSettings, open_sampler
 from .core.reward.registry import grade_many
 from .keys import STAGE_VERSIONS, result_hash
 from .keys import rollout_config_keys as config_keys
@@ -77,8 +79,11 @@ def main(args, cfg: Config) -> None:
         engine_kwargs=r.engine_kwargs, engine_key="rollout",
         stop_tokens=cfg.models[args.size].stop_tokens,
     )
-    samples = generate(r.backend, args.model, problems["prompt"].to_list(), settings,
-                       desc=f"rollouts {args.size}")
+    sample = open_sampler(r.backend, args.model, settings)  # the model loads here
+    clock = time.perf_counter()
+    samples = sample(problems["prompt"].to_list(), settings, f"rollouts {args.size}")
+    timing.add(generation_s=time.perf_counter() - clock, samples=len(samples),
+               tokens=sum(len(s.response_token_ids) for s in samples))
     ids = problems["problem_id"].to_list()
     golds, types = problems["answer"].to_list(), problems["answer_type"].to_list()
     kinds = problems["grader"].to_list()
