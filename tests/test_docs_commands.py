@@ -42,6 +42,9 @@ PLACEHOLDERS = {"FILE": "config/beyond-80-20.yaml", "MINUTES": "2880", "N": "80"
 SKIPPED = {
     "snakemake --report results/default/report.html":
         "needs the finished run's outputs; tests/test_tables.py and tests/test_browser.py build a report",
+    "snakemake --profile slurm --configfile config/paper.yaml results/paper-pilot/calibration.yaml":
+        "needs a finished pilot's calibration file; tests/test_calibrate.py writes one and runs the "
+        "plan with it laid on its configuration",
 }
 COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:\.venv/bin/)?(?:snakemake(?:\s|$)|python -m stages\.)")
 

@@ -246,6 +246,18 @@ def test_how_or_where_a_job_runs_reruns_nothing_and_a_dry_run_writes_nothing(fin
     assert {k: v for k, v in after.items() if k != "README.md"} == before  # contents, mtimes
 
 
+def new_logs(results, since: float) -> list:
+    """The training logs written since `since` (a log moved aside meanwhile is not one)."""
+    out = []
+    for log in (results / "logs" / "train").glob("tiny-s/*/0.log"):
+        try:
+            if log.stat().st_mtime >= since:
+                out.append(log)
+        except FileNotFoundError:
+            pass
+    return out
+
+
 @pytest.mark.slow
 def test_a_result_key_replaces_finished_trainings_only_with_consent(finished, tmp_path, test_raw):
     results = finished / "results" / "test"
@@ -271,15 +283,16 @@ def test_a_result_key_replaces_finished_trainings_only_with_consent(finished, tm
     old = json.loads((results / "train/size=tiny-s/method=ict/seed=0/final" / RESOLVED_CONFIG).read_text())
     tripled = str(config_with(test_raw, tmp_path, "lr3", lr=3e-4))
     resolved = results / "resolved_config.yaml"
+    started = time.time() - 1  # a log written after this is the new training's
     real = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2",
          "--configfile", doubled, "--config", "replace_trainings=all"],
         cwd=finished, env=workflow_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
-        # a training started: the old ones were moved aside, and its log begun
-        while not ((results / "replaced").exists()
-                   and list((results / "logs" / "train").glob("tiny-s/*/0.log"))):
+        # a training started: the old ones were moved aside, and its log begun (an old log can be
+        # seen before it is moved aside: the new one is written after the run started)
+        while not ((results / "replaced").exists() and new_logs(results, started)):
             assert real.poll() is None and time.monotonic() < deadline, real.communicate()[0][-3000:]
             time.sleep(0.1)
         written = resolved.read_text()
