@@ -342,13 +342,15 @@ def check(full: Config, measured: Measured) -> tuple[list[dict], list[str]]:
         rates = full.cost.of(size, "train")
         arch = model_arch(full, size)
         mean = sum(t.tokens for t in ts) / sum(t.responses for t in ts)
+        # each training at the run's own mean length and generation batches (dynamic sampling)
+        counts = {id(t): train_counts(full, size, t.method, arch, rates.model_copy(
+            update={"generation_batches": t.generation_batches}), mean) for t in ts}
         for t in ts:
-            c = train_counts(full, size, t.method, arch, rates, mean)
+            c = counts[id(t)]
             if round(c.responses * c.steps) != round(t.responses):
                 problems.append(f"train {size}/{t.method}/seed={t.seed}: the plan counts "
                                 f"{c.responses * c.steps:.0f} responses, the run sampled {t.responses:.0f}")
-        counted_tokens = sum(train_counts(full, size, t.method, arch, rates, mean).generated
-                             * t.steps for t in ts)
+        counted_tokens = sum(counts[id(t)].generated * t.steps for t in ts)
         if abs(counted_tokens - sum(t.tokens for t in ts)) > 0.5:
             problems.append(f"train {size}: the plan counts {counted_tokens:.0f} generated tokens "
                             f"at the run's mean length, the run generated {sum(t.tokens for t in ts):.0f}")
