@@ -42,8 +42,9 @@ import polars as pl
 import yaml
 
 from .config import Config, ConfigError, load_configs, source_of
-from .core.common import timing
+from .core.common import numerics, timing
 from .core.common.io import ArtifactError
+from .core.plans import cost as cc
 from .core.plans.dimensions import model_arch
 from .cost import cost_plan, on_cpu, runtime_limit, train_counts, train_limit, units
 from .cost_report import render
@@ -230,8 +231,6 @@ def calibrate(full: Config, pilot: Config, measured: Measured) -> tuple[dict, li
         r = pilot.rollout
         stat_rates = pilot.cost.of(size, "token_stats")
         rollout_resp = measured.rollout_response_tokens[size]
-        from .core.plans import cost as cc
-
         stat_flops = r.prompts * r.n * (prompt + rollout_resp) * cc.forward_flops(
             arch, cc.mean_context(prompt, rollout_resp))
         rules["token_stats"] = {
@@ -262,8 +261,6 @@ def _length(into: dict, key: str, measured: float, cap: int, what: str, notes: l
     """The mean before the limit (the plan's length model, stages.core.plans.cost.capped_mean)
     that gives the `measured` mean under the pilot's `cap`; where the full run's limit differs,
     the plan cuts that mean at its own limit (the model's extrapolation, noted)."""
-    from .core.plans import cost as cc
-
     mean = cc.uncapped_mean(measured, cap)
     if mean is None:
         notes.append(f"{what}: not calibrated: their mean ({measured:.0f} tokens) is too close "
@@ -281,10 +278,15 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
+def _processor_name() -> str:
+    cpu = numerics.processor()
+    return " ".join(filter(None, [cpu.get("model"), *cpu.get("extensions", [])])) or "unknown processor"
+
+
 def write_calibration(cost: dict, notes: list[str], path: Path, pilot_source: str) -> None:
     head = [f"# The cost plan's calibration from the pilot run of {pilot_source}",
             f"# (python -m stages.calibrate, {datetime.date.today().isoformat()}, on "
-            f"{platform.node() or 'this machine'}: {_processor()}).",
+            f"{platform.node() or 'this machine'}: {_processor_name()}).",
             "# Add it after the configuration: --configfile CONFIG " + str(path),
             *[f"# note: {n}" for n in notes]]
     text = "\n".join(head) + "\n" + yaml.safe_dump({"cost": cost}, sort_keys=False)
@@ -292,16 +294,6 @@ def write_calibration(cost: dict, notes: list[str], path: Path, pilot_source: st
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def _processor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown processor"
 
 
 # ---------------------------------------------------------------------------------------------
